@@ -1,0 +1,27 @@
+# The whole set-up: `make train` and `make test` create .venv and install requirements.txt on first use.
+VENV   := .venv
+PYTHON := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup train test test-slow clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+train: setup
+	$(PYTHON) -m lra.train
+
+# pytest exits 5 when it collected no test: treat that as the failure it is.
+test: setup
+	$(PYTHON) -m pytest -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-slow: setup
+	$(PYTHON) -m pytest -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf outputs multirun wandb .pytest_cache

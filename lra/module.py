@@ -1,0 +1,96 @@
+"""LightningModule: cross-entropy + auxiliary losses, torchmetrics accuracy, AdamW + schedule from config."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MaxMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+
+class LRAModule(L.LightningModule):
+    """Trains ``model(input_ids, mask) -> (logits, aux_losses)``; logs ``train/loss``, ``train/acc``,
+    ``val/acc``, ``val/acc_best``, ``test/acc`` and every auxiliary loss as ``train/<name>``."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None,
+        num_classes: int,
+    ):
+        super().__init__()
+        self.model = model
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # survives resume from last.ckpt
+        self.samples_seen = 0
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        return self.model(input_ids, mask)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits, aux_losses = self(batch["input_ids"], batch["mask"])
+        loss = F.cross_entropy(logits.float(), batch["label"])
+        batch_size = len(batch["label"])
+        for name, value in aux_losses.items():
+            self.log(f"train/{name}", value, batch_size=batch_size)
+            loss = loss + value
+        self.train_acc(logits, batch["label"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        self.log("train/acc", self.train_acc, prog_bar=True, batch_size=batch_size)
+        self.samples_seen += batch_size
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        logits, _ = self(batch["input_ids"], batch["mask"])
+        self.val_acc(logits, batch["label"])
+        self.log("val/acc", self.val_acc, prog_bar=True, sync_dist=True, batch_size=len(batch["label"]))
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        logits, _ = self(batch["input_ids"], batch["mask"])
+        self.test_acc(logits, batch["label"])
+        self.log("test/acc", self.test_acc, sync_dist=True, batch_size=len(batch["label"]))
+
+    def configure_optimizers(self) -> dict:
+        optimizer = self.optimizer_factory(params=self.parameters())
+        if self.scheduler_factory is None:
+            return {"optimizer": optimizer}
+        scheduler = self.scheduler_factory(optimizer=optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def build_model(cfg) -> nn.Module:
+    """The task's classifier with the configured attention: ``cfg.model`` is a ``_partial_`` encoder config."""
+    from hydra.utils import instantiate
+
+    encoder = instantiate(cfg.model)
+    return encoder(
+        vocab_size=cfg.task.vocab_size,
+        max_length=cfg.task.max_length,
+        num_classes=cfg.task.num_classes,
+        attention=cfg.attention,
+        head=instantiate(cfg.task.head),
+    )
+
+
+def build_module(cfg) -> LRAModule:
+    """LightningModule for ``cfg`` (model, AdamW and schedule from their config groups)."""
+    from hydra.utils import instantiate
+
+    scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
+    return LRAModule(build_model(cfg), instantiate(cfg.optimizer), scheduler, cfg.task.num_classes)

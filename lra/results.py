@@ -1,0 +1,62 @@
+"""``results.json``: the one record of a run that reports, sweeps and users read."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from lra import REPO_ROOT
+
+
+def git_commit() -> str | None:
+    """Commit of the checkout (``+dirty`` when it has uncommitted changes), or None outside git."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def peak_memory_bytes() -> int:
+    """CUDA ``max_memory_allocated`` when training ran on a GPU, else this process's peak RSS."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> Path:
+    """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics."""
+    record = {
+        "task": cfg.task.name,
+        "attention": cfg.attention.name,
+        "seed": cfg.seed,
+        "status": status,
+        "val_acc_best": None,
+        "test_acc": None,
+        "steps": None,
+        "train_time_s": None,
+        "samples_per_s": None,
+        "peak_mem_bytes": peak_memory_bytes(),
+        **fields,
+        "git_commit": git_commit(),
+        "config": OmegaConf.to_container(cfg, resolve=False),
+    }
+    path = Path(run_dir) / "results.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    tmp.replace(path)
+    return path

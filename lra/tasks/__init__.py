@@ -1,0 +1,1 @@
+"""One module per LRA task: data format reader (and generator when synthetic), Dataset, DataModule."""

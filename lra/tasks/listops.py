@@ -1,0 +1,181 @@
+"""ListOps (Nangia & Bowman 2018; LRA release ``listops-1000``): generator, reader, DataModule.
+
+Generator: the official ``listops.py`` procedure (DESIGN §4). Operators ``[MIN [MAX [MED [SM``
+over digits 0-9, max depth 10, at most 10 arguments; below max depth a node is a leaf with
+probability 0.75, otherwise an operator with ``randint(2, max_args)`` children. Length counts
+values plus 2 per operator; trees are kept when ``min_length < length < max_length`` and unique.
+**Decision:** the generator is seeded and the vocabulary order is fixed (the official split and
+token ids are not reproducible).
+
+Format: TSV with header ``Source\\tTarget``; tokenisation maps ``]`` to ``X`` and drops ``(``/``)``.
+
+    python -m lra.tasks.listops generate --out data/listops --train 96000 --val 2000 --test 2000 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from pathlib import Path
+
+from tqdm import tqdm
+
+from lra.tasks.base import CachedDataModule, TokenizedSplit
+
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+END = "]"
+LEAF_PROBABILITY = 0.75
+# Fixed vocabulary: 0 = pad, 1 = unknown, then digits, operators and the closing token.
+VOCAB = ("<pad>", "<unk>", *map(str, range(10)), *OPERATORS, "X")
+TOKEN_IDS = {token: i for i, token in enumerate(VOCAB)}
+HEADER = "Source\tTarget"
+
+
+def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple[object, int]:
+    """Return ``(tree, length)``; a tree is a digit or ``(operator, [children])``."""
+    if depth < max_depth and rng.random() < 1 - LEAF_PROBABILITY:
+        children, length = [], 2
+        for _ in range(rng.randint(2, max_args)):
+            child, child_length = generate_tree(rng, depth + 1, max_depth, max_args)
+            children.append(child)
+            length += child_length
+        return (rng.choice(OPERATORS), children), length
+    return rng.randrange(10), 1
+
+
+def evaluate(tree: object) -> int:
+    """Value of a tree: MIN, MAX, MED = int(median) (truncating), SM = sum mod 10."""
+    if isinstance(tree, int):
+        return tree
+    operator, children = tree
+    values = [evaluate(child) for child in children]
+    if operator == "[MIN":
+        return min(values)
+    if operator == "[MAX":
+        return max(values)
+    if operator == "[MED":
+        return int(statistics.median(values))
+    return sum(values) % 10
+
+
+def to_string(tree: object) -> str:
+    """The official bracketing: ``( ( ( [MAX 2 ) 9 ) ] )`` for ``[MAX 2 9 ]``."""
+    if isinstance(tree, int):
+        return str(tree)
+    operator, children = tree
+    text = operator
+    for child in children:
+        text = f"( {text} {to_string(child)} )"
+    return f"( {text} ] )"
+
+
+def tokenize(source: str) -> list[int]:
+    """Source string -> token ids with the fixed vocabulary (``]`` -> ``X``, parentheses dropped)."""
+    tokens = source.replace("]", "X").replace("(", " ").replace(")", " ").split()
+    return [TOKEN_IDS.get(token, TOKEN_IDS["<unk>"]) for token in tokens]
+
+
+def generate(
+    out: Path, sizes: dict[str, int], seed: int, min_length: int = 500, max_length: int = 2000,
+    max_depth: int = 10, max_args: int = 10,
+) -> None:
+    """Write ``out/basic_{train,val,test}.tsv`` with unique examples of ``min_length < length < max_length``."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out.mkdir(parents=True, exist_ok=True)
+    with tqdm(total=sum(sizes.values()), desc=f"ListOps -> {out}", unit="ex") as progress:
+        for split, count in sizes.items():
+            rows = []
+            while len(rows) < count:
+                tree, length = generate_tree(rng, 1, max_depth, max_args)
+                if not min_length < length < max_length:
+                    continue
+                source = to_string(tree)
+                if source in seen:
+                    continue
+                seen.add(source)
+                rows.append(f"{source}\t{evaluate(tree)}")
+                progress.update()
+            (out / f"basic_{split}.tsv").write_text("\n".join([HEADER, *rows]) + "\n")
+
+
+def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
+    """Parse an official ListOps TSV; a malformed line raises with ``file:line``."""
+    sequences, labels = [], []
+    with path.open() as handle:
+        header = handle.readline().rstrip("\n")
+        if header.split("\t") != ["Source", "Target"]:
+            raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found {header[:60]!r}")
+        for number, line in enumerate(handle, start=2):
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
+                raise ValueError(
+                    f"{path}:{number}: expected 'Source<TAB>Target' with a target digit 0-9, found {line[:80]!r}; "
+                    "regenerate the file with 'python -m lra.tasks.listops generate' or re-download the LRA release"
+                )
+            sequences.append(tokenize(fields[0]))
+            labels.append(int(fields[1]))
+    return sequences, labels
+
+
+class ListOpsDataModule(CachedDataModule):
+    """ListOps from ``data_dir/basic_{train,val,test}.tsv``; ``generate`` creates missing data first."""
+
+    task_name = "listops"
+
+    def __init__(self, *args, generate: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generate_settings = dict(generate) if generate else None
+
+    def paths(self) -> dict[str, Path]:
+        return {split: self.data_dir / f"basic_{split}.tsv" for split in ("train", "val", "test")}
+
+    def cache_settings(self) -> dict:
+        files = {split: path.stat().st_size if path.exists() else None for split, path in self.paths().items()}
+        return {**super().cache_settings(), "vocab": list(VOCAB), "file_sizes": files}
+
+    def check_data(self) -> None:
+        missing = [str(path) for path in self.paths().values() if not path.exists()]
+        if not missing:
+            return
+        if self.generate_settings is not None:
+            settings = dict(self.generate_settings)
+            generate(self.data_dir, settings.pop("sizes"), **settings)
+            return
+        raise FileNotFoundError(
+            f"ListOps data not found: {', '.join(missing)}. Download the LRA release into data/ "
+            "(scripts/download_lra.sh, see data/README.md) or generate it with "
+            f"'python -m lra.tasks.listops generate --out {self.data_dir}', or point task.data_dir at your copy."
+        )
+
+    def read_split(self, split: str) -> TokenizedSplit:
+        sequences, labels = read_tsv(self.paths()[split])
+        return TokenizedSplit.from_sequences(sequences, labels, self.max_length)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lra.tasks.listops", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="write basic_{train,val,test}.tsv in the official format")
+    gen.add_argument("--out", type=Path, required=True)
+    gen.add_argument("--train", type=int, default=96000)
+    gen.add_argument("--val", type=int, default=2000)
+    gen.add_argument("--test", type=int, default=2000)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--min-length", type=int, default=500)
+    gen.add_argument("--max-length", type=int, default=2000)
+    gen.add_argument("--max-depth", type=int, default=10)
+    gen.add_argument("--max-args", type=int, default=10)
+    args = parser.parse_args(argv)
+    generate(
+        args.out, {"train": args.train, "val": args.val, "test": args.test}, seed=args.seed,
+        min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth, max_args=args.max_args,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Encoder, blocks and heads shared by every attention variant."""

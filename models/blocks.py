@@ -1,0 +1,61 @@
+"""Pre-LayerNorm Transformer block and the multi-head wrapper that owns the projections.
+
+Block contract (every block, including MEGA's): ``block(x, key_mask, aux_losses) -> x`` with
+``x`` ``(B, n, d_model)``, ``key_mask`` bool ``(B, n)`` (True = real token); a block may add
+named scalar losses to ``aux_losses``, which the LightningModule sums into the loss and logs.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from attention import build_attention
+
+
+class MultiHeadAttention(nn.Module):
+    """Projections ``q_proj, k_proj, v_proj, out_proj`` around a drop-in variant ``attend``.
+
+    The projection names and shapes are the same for every variant, so a checkpoint trained with
+    one variant loads into another (direct weight transfer).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, attention: DictConfig):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"model.d_model={d_model} is not divisible by model.num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.attend = build_attention(attention, num_heads, self.head_dim)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n, d_model) -> (B, H, n, head_dim)."""
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        y = self.attend(q, k, v, key_mask)  # (B, H, n, head_dim)
+        return self.out_proj(y.transpose(1, 2).flatten(2))
+
+
+class TransformerBlock(nn.Module):
+    """``x + Attn(LN(x))`` then ``x + FFN(LN(x))`` (pre-LN, GELU FFN, dropout on both residual branches)."""
+
+    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention: DictConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, num_heads, attention)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(
+            nn.Linear(d_model, ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model)
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.norm1(x), key_mask))
+        return x + self.dropout(self.ffn(self.norm2(x)))

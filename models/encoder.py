@@ -1,0 +1,71 @@
+"""The LRA classifier: embeddings -> blocks -> masked mean pooling -> head (DESIGN §3).
+
+Inputs are ``input_ids`` long ``(B, n)`` and ``key_mask`` bool ``(B, n)``; tasks with several
+documents per example (Retrieval) pass ``(B, k, n)``: each document is encoded by the same
+encoder and the head receives pooled features ``(B, k, d_model)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+
+def masked_mean(x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` ``(B, n, d)`` over real tokens ``key_mask`` ``(B, n)`` -> ``(B, d)``."""
+    weights = key_mask.to(x.dtype).unsqueeze(-1)
+    return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+class Encoder(nn.Module):
+    """Token + learned positional embedding, ``num_layers`` blocks, final LayerNorm, mean pooling, head.
+
+    ``block`` and ``head`` are factories (Hydra ``_partial_`` configs); ``attention`` is the composed
+    attention config node handed to every block. ``forward`` returns ``(logits, aux_losses)``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_length: int,
+        num_classes: int,
+        attention: DictConfig,
+        block: Callable[..., nn.Module],
+        head: Callable[..., nn.Module],
+        d_model: int = 64,
+        num_heads: int = 2,
+        num_layers: int = 2,
+        ffn_dim: int = 128,
+        dropout: float = 0.1,
+    ):
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.position_embedding = nn.Embedding(max_length, d_model)
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            block(d_model=d_model, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout, attention=attention)
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model)
+        self.head = head(d_model=d_model, num_classes=num_classes)
+        self.max_length = max_length
+
+    def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
+        """``(B, n)`` ids and mask -> pooled features ``(B, d_model)``."""
+        n = input_ids.shape[-1]
+        if n > self.max_length:
+            raise ValueError(f"sequence of {n} tokens exceeds the model's max_length={self.max_length} (task.max_length)")
+        positions = torch.arange(n, device=input_ids.device)
+        x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
+        for block in self.blocks:
+            x = block(x, key_mask, aux_losses)
+        return masked_mean(self.final_norm(x), key_mask)
+
+    def forward(self, input_ids: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        aux_losses: dict[str, torch.Tensor] = {}
+        leading = input_ids.shape[:-1]  # (B,) or (B, k) for multi-document tasks
+        features = self.encode(input_ids.flatten(0, -2), key_mask.flatten(0, -2), aux_losses)
+        return self.head(features.unflatten(0, leading)), aux_losses
