@@ -49,6 +49,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     module = build_module(cfg)
     if cfg.get("init_from"):
         load_transferred_weights(module.model, cfg.init_from)
+    if cfg.get("finetune"):
+        module.model = instantiate(cfg.finetune)(module.model)
     trainer = build_trainer(cfg, run_dir)
     for logger in trainer.loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

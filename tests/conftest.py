@@ -1,0 +1,58 @@
+"""Shared fixtures: compose the real Hydra config, run the real CLI, tiny generated ListOps data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+
+from lra import REPO_ROOT
+from lra.tasks import listops
+
+CONFIG_DIR = str(REPO_ROOT / "configs")
+
+
+def compose_config(overrides: list[str], output_dir: Path | str | None = None) -> DictConfig:
+    """``configs/train.yaml`` composed with ``overrides``; ``paths.output_dir`` set (no Hydra runtime here)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    if output_dir is not None:
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(output_dir)
+    return cfg
+
+
+def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python <args>`` as a user would (real Hydra, Lightning, W&B offline); stdout+stderr captured."""
+    environment = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=environment
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_listops(tmp_path_factory) -> Path:
+    """A tiny ListOps copy in the official format (64/32/32 examples, lengths 10-60)."""
+    out = tmp_path_factory.mktemp("listops")
+    listops.generate(out, {"train": 64, "val": 32, "test": 32}, seed=0, min_length=10, max_length=60)
+    return out
+
+
+@pytest.fixture
+def tiny_listops_overrides(tiny_listops, tmp_path) -> list[str]:
+    """Overrides that train ``listops_small`` on the tiny copy for a few steps, caching under ``tmp_path``."""
+    return [
+        "task=listops_small",
+        f"task.data_dir={tiny_listops}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "task.batch_size=16",
+        "task.warmup_steps=2",
+        "trainer.max_steps=4",
+        "task.eval_every=2",
+        "logger=csv",
+    ]
