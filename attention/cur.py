@@ -1,0 +1,140 @@
+"""CUR attention (CURformer; François et al., Machine Learning 2025, §4–5, Alg. 1; DESIGN §2).
+
+Per sequence and head, with ``m`` selected query rows ``I`` and key rows ``J``
+(:func:`attention.selection.select_indices`) and a score function ``s``
+(:mod:`attention.scores`, softmax by default)::
+
+    C = s(Q, K_J)              (n × m)
+    R = s(Q_I, K, pad mask)    (m × n)   rows I of the exact attention matrix
+    U = C[I, :]                (m × m)   rows of the normalised C, not a fresh softmax (§4.1)
+    Y = C (U⁺ (R V)),  then  Y[I] = R V  when ``overwrite_rows`` (those rows are exact)
+
+with ``U⁺`` the iterative pseudo-inverse (:mod:`attention.pinv`, ``pinv_iters`` iterations).
+Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors; no
+``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
+
+Decisions: everything runs in float32 with autocast disabled (float64 stays float64) and the
+output is cast back to the input dtype. Slots that :mod:`attention.selection` had to put on pad
+positions (sequences with ``n_real < m``) are invalid: their columns of ``C`` are masked, their
+block of ``U`` is the identity, so ``U⁺`` inverts the real block only and CUR equals exact
+attention when every real token is selected. No attention dropout (the CUR paper uses none).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from attention.pinv import iterative_pinv
+from attention.scores import SoftmaxScore
+from attention.selection import check_selection, select_indices
+
+ScoreFn = Callable[..., torch.Tensor]
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` ``(B, H, m)`` of ``x`` ``(B, H, n, e)`` -> ``(B, H, m, e)``."""
+    return x.gather(2, index[..., None].expand(*index.shape, x.shape[-1]))
+
+
+def cur_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    index_q: torch.Tensor,
+    index_k: torch.Tensor,
+    score: ScoreFn | None = None,
+    pinv_iters: int = 6,
+    overwrite_rows: bool = True,
+) -> torch.Tensor:
+    """CUR approximation of ``score(Q, K, mask) V`` -> ``(B, H, n, d)`` (equations in the module doc).
+
+    ``q, k, v`` ``(B, H, n, d)``; ``key_mask`` bool ``(B, n)`` or None; ``index_q``, ``index_k`` long
+    ``(B, H, m)``, distinct within a (sequence, head); invalid (pad) slots must sit at the same
+    positions of ``index_q`` and ``index_k`` (as :func:`select_indices` returns them).
+    """
+    score = score if score is not None else SoftmaxScore()
+    out_dtype = v.dtype
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    batch, heads, n, _ = q.shape
+    if key_mask is None:
+        key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        positions_mask = key_mask[:, None, :].expand(batch, heads, n)
+        valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
+        valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
+        c = score(q, _rows(k, index_k), valid_k[:, :, None, :], None, index_k)  # (B, H, n, m)
+        r = score(_rows(q, index_q), k, key_mask[:, None, None, :], index_q, None)  # (B, H, m, n)
+        u = _rows(c, index_q).masked_fill(~valid_q[..., None], 0.0)  # (B, H, m, m)
+        u = u + torch.diag_embed((~valid_q).to(dtype))
+        rv = r @ v  # (B, H, m, d)
+        y = c @ (iterative_pinv(u, pinv_iters) @ rv)  # (B, H, n, d)
+        if overwrite_rows:
+            y = y.scatter(2, index_q[..., None].expand_as(rv), rv)
+    return y.to(out_dtype)
+
+
+def check_positive_int(value, key: str) -> int:
+    """``value`` as an int >= 1, or a config error naming ``attention.<key>``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"attention.{key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class CURAttention(nn.Module):
+    """Drop-in CUR attention: selection (:mod:`attention.selection`) + :func:`cur_attention`.
+
+    Defaults are the paper's LRA setting: ``num_landmarks`` m = 64, ``selection='abs'``,
+    ``same_indices`` (I = J), ``pinv_iters`` = 6, ``overwrite_rows``, no ``force_cls`` (mean pooling).
+    ``score`` is a factory (Hydra ``_partial_``) called with no argument, or a score module; None
+    means softmax (:class:`attention.scores.SoftmaxScore`). No parameters of its own, so a softmax
+    checkpoint loads with ``strict=True``.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_landmarks: int = 64,
+        selection: str = "abs",
+        same_indices: bool = True,
+        embed_column: int = 0,
+        pinv_iters: int = 6,
+        overwrite_rows: bool = True,
+        force_cls: bool = False,
+        score: Callable[[], nn.Module] | nn.Module | None = None,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_landmarks = check_positive_int(num_landmarks, "num_landmarks")
+        self.pinv_iters = check_positive_int(pinv_iters, "pinv_iters")
+        check_selection(selection, embed_column, head_dim)
+        self.selection = selection
+        self.same_indices = bool(same_indices)
+        self.embed_column = embed_column
+        self.overwrite_rows = bool(overwrite_rows)
+        self.force_cls = bool(force_cls)
+        if score is None:
+            score = SoftmaxScore()
+        self.score = score if isinstance(score, nn.Module) else score()
+
+    def select(self, q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None):
+        """``(index_q, index_k)`` for this module's selection settings, each ``(B, H, min(m, n))``."""
+        return select_indices(
+            q, k, key_mask, self.num_landmarks, self.selection, self.same_indices, self.embed_column, self.force_cls
+        )
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        index_q, index_k = self.select(q, k, key_mask)
+        return cur_attention(q, k, v, key_mask, index_q, index_k, self.score, self.pinv_iters, self.overwrite_rows)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_landmarks={self.num_landmarks}, selection={self.selection!r}, same_indices={self.same_indices}, "
+            f"pinv_iters={self.pinv_iters}, overwrite_rows={self.overwrite_rows}, force_cls={self.force_cls}"
+        )

@@ -1,0 +1,104 @@
+"""Row/column selection for CUR attention (François et al. 2025, §7.1; DESIGN §2).
+
+:func:`select_indices` returns ``(index_q, index_k)``, each long ``(B, H, m')`` with
+``m' = min(m, n)``, sorted ascending, distinct within a (sequence, head): the query rows ``I`` and
+key rows ``J`` of ``C = score(Q, K_J)``, ``R = score(Q_I, K)``, ``U = C[I]``.
+
+Every rule gives each token a priority; pad tokens get −inf, ``force_cls`` gives index 0 +inf, and
+the ``m'`` highest priorities win (stable sort: ties break by lowest index). Priorities per row of
+``X`` (``X = Q`` for ``I`` and ``X = K`` for ``J``; with ``same_indices`` the priority is
+``p(Q) + p(K)`` and ``I = J``):
+
+* ``sum``: ``Σ_d X[i, d]``;   * ``abs``: ``Σ_d |X[i, d]|``;   * ``embed``: ``X[i, embed_column]``;
+* ``step``: the real tokens of rank ``⌊j·n_real/m⌋``, ``j = 0..m−1`` (a uniform stride over real tokens);
+* ``random``: uniform without replacement among real tokens (``generator`` for reproducibility).
+
+**Decision (n_real < m):** all real tokens are selected and the remaining slots take the lowest pad
+positions, so indices stay distinct and shapes stay ``m'``. Slots on pad positions are *invalid*
+(``key_mask`` gathered at the index is False): CUR masks their columns of ``C``, sets their block of
+``U`` to the identity and only overwrites pad rows with them, so CUR then equals exact attention
+(``U = A``). Selection is not differentiated.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def _step_priority(x: torch.Tensor, key_mask: torch.Tensor, m: int, **_) -> torch.Tensor:
+    """1 on real tokens of rank ``⌊j·n_real/m⌋`` (j < m), 0 on other tokens; ``(B, 1, n)``."""
+    n = key_mask.shape[-1]
+    n_real = key_mask.sum(-1, keepdim=True)  # (B, 1)
+    ranks = torch.arange(m, device=x.device)[None, :] * n_real // m  # (B, m)
+    real_first = torch.argsort((~key_mask).to(torch.int8), dim=-1, stable=True)  # (B, n): real positions in order
+    positions = real_first.gather(-1, ranks.clamp_max(n - 1))
+    priority = torch.zeros(key_mask.shape, dtype=x.dtype, device=x.device).scatter(-1, positions, 1.0)
+    return priority[:, None, :]
+
+
+def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, **_) -> torch.Tensor:
+    return torch.rand(x.shape[:-1], generator=generator, device=x.device, dtype=x.dtype)
+
+
+RULES: dict[str, Callable[..., torch.Tensor]] = {
+    "sum": lambda x, **_: x.sum(-1),
+    "abs": lambda x, **_: x.abs().sum(-1),
+    "embed": lambda x, embed_column, **_: x[..., embed_column],
+    "step": _step_priority,
+    "random": _random_priority,
+}
+
+
+def check_selection(rule: str, embed_column: int, head_dim: int | None = None) -> None:
+    """Config-time checks of ``attention.selection`` and ``attention.embed_column``."""
+    if rule not in RULES:
+        raise ValueError(f"attention.selection={rule!r} is not a selection rule; choose one of {sorted(RULES)}")
+    if isinstance(embed_column, bool) or not isinstance(embed_column, int):
+        raise ValueError(f"attention.embed_column must be an integer column index, got {embed_column!r}")
+    if head_dim is not None and not -head_dim <= embed_column < head_dim:
+        raise ValueError(f"attention.embed_column={embed_column} is out of range for head_dim={head_dim}")
+
+
+def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool) -> torch.Tensor:
+    """Indices of the ``m`` highest priorities ``(B, H, n)`` among real tokens, ascending -> ``(B, H, m)``."""
+    priority = priority.masked_fill(~key_mask[:, None, :], -torch.inf)
+    if force_cls:
+        priority[..., 0] = torch.inf
+    order = torch.sort(priority, dim=-1, descending=True, stable=True).indices
+    return order[..., :m].sort(dim=-1).values
+
+
+@torch.no_grad()
+def select_indices(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    m: int,
+    rule: str = "abs",
+    same_indices: bool = True,
+    embed_column: int = 0,
+    force_cls: bool = False,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query rows ``I`` and key rows ``J`` for CUR, each long ``(B, H, min(m, n))`` (see module doc).
+
+    ``q``, ``k``: ``(B, H, n, d)``; ``key_mask``: bool ``(B, n)`` (True = real token) or None (all real).
+    """
+    check_selection(rule, embed_column)
+    batch, heads, n, _ = q.shape
+    if key_mask is None:
+        key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
+    m = min(m, n)
+    priority = RULES[rule]
+    options = dict(key_mask=key_mask, m=m, embed_column=embed_column, generator=generator)
+    q, k = q.float(), k.float()
+    if same_indices:
+        index = _top(priority(q, **options) + priority(k, **options), key_mask, m, force_cls)
+        index = index.expand(batch, heads, m)
+        return index, index
+    return (
+        _top(priority(q, **options).expand(batch, heads, n), key_mask, m, force_cls),
+        _top(priority(k, **options).expand(batch, heads, n), key_mask, m, force_cls),
+    )
