@@ -1,0 +1,187 @@
+"""FlashCUR attention (FlashCURformer; François et al., Machine Learning 2025, §5.2, Alg. 2; DESIGN §2).
+
+The CUR approximation of :mod:`attention.cur` (softmax score), computed by the fused Triton kernels
+of :mod:`kernels.flashcur` (forward) and :mod:`kernels.flashcur_bwd` (backward)::
+
+    RV = softmax(s·Q_I Kᵀ + pad mask) V     kernel (a), online softmax over key tiles    (m × d)
+    U  = softmax(s·Q_I K_Jᵀ)                kernel (b)                                   (m × m)
+    W  = U⁺ RV                              PyTorch, float32 (``attention.pinv``)         (m × d)
+    Y  = softmax(s·Q K_Jᵀ) W, Y[I] = RV     kernel (c), one query tile per program       (n × d)
+
+``s = 1/√d``. ``C`` (n×m) and ``R`` (m×n) are never stored: the forward keeps only their row
+log-sum-exps (n + m floats per head) and the backward recomputes them tile by tile.
+
+Parameters and defaults are CURformer's (``configs/attention/curformer.yaml``; selection by
+:func:`attention.selection.select_indices`, same rules and decisions, including ``n_real < m``).
+Decisions: the kernels implement the softmax score only (CUR's ``score`` option is absent; use
+``attention=curformer`` for other scores). m = min(num_landmarks, n) is padded up to the next of
+16/32/64/128 with inert slots (masked columns of C, identity block of U, never written to Y), so
+any m ≤ 128 runs. ``W`` and ``RV`` are float32; q/k/v may be float32, float16 or bfloat16
+(float32 accumulation); the output has q's dtype. Needs CUDA tensors, or the Triton interpreter
+(``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; CPU, ~60× slower).
+Cost as CUR: O(nmd + m²d + m³) time; O(nd + md + m²) memory (no O(nm) term).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from attention.cur import CURAttention, _rows
+from attention.pinv import iterative_pinv
+from kernels import flashcur as fwd
+from kernels import flashcur_bwd as bwd
+
+
+class _RowAttention(torch.autograd.Function):
+    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` (kernel a) with the tiled backward of ``kernels.flashcur_bwd``."""
+
+    @staticmethod
+    def forward(ctx, q_sel, k, v, key_mask):
+        rv, lse = fwd.rv_forward(q_sel, k, v, key_mask)
+        ctx.save_for_backward(q_sel, k, v, key_mask, rv, lse)
+        return rv
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_rv):
+        q_sel, k, v, key_mask, rv, lse = ctx.saved_tensors
+        dq_sel, dk, dv = bwd.rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
+        return dq_sel.to(q_sel.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+class _SelectedSoftmax(torch.autograd.Function):
+    """``U = softmax(s·Q_I K_Jᵀ)`` over valid key slots (kernel b); m×m backward in PyTorch."""
+
+    @staticmethod
+    def forward(ctx, q_sel, k_sel, valid_k):
+        u = fwd.u_forward(q_sel, k_sel, valid_k)
+        ctx.save_for_backward(q_sel, k_sel, u)
+        return u
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_u):
+        q_sel, k_sel, u = ctx.saved_tensors
+        scale = q_sel.shape[-1] ** -0.5
+        with torch.autocast(device_type=u.device.type, enabled=False):
+            d_scores = u * (d_u - (d_u * u).sum(-1, keepdim=True)) * scale  # (B, H, m, m)
+            dq_sel = d_scores @ k_sel.float()
+            dk_sel = d_scores.transpose(-1, -2) @ q_sel.float()
+        return dq_sel.to(q_sel.dtype), dk_sel.to(k_sel.dtype), None
+
+
+class _ColumnAttention(torch.autograd.Function):
+    """``Y = softmax(s·Q K_Jᵀ) W`` with rows ``I`` set to ``RV`` (kernel c) and its tiled backward."""
+
+    @staticmethod
+    def forward(ctx, q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
+        y, lse = fwd.out_forward(q, k_sel, valid_k, w, rv, slot)
+        ctx.save_for_backward(q, k_sel, valid_k, w, slot, lse, index_q)
+        ctx.m_padded = rv.shape[2]
+        ctx.overwrite_rows = overwrite_rows
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_y):
+        q, k_sel, valid_k, w, slot, lse, index_q = ctx.saved_tensors
+        dq, dk_sel, dw = bwd.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+        d_rv = None
+        if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
+            d_rv = F.pad(_rows(d_y.float(), index_q), (0, 0, 0, ctx.m_padded - index_q.shape[2]))
+        return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None
+
+
+def _padded_size(m: int) -> int:
+    """The smallest kernel size in ``kernels.flashcur.SUPPORTED_M`` that holds ``m`` slots."""
+    for size in fwd.SUPPORTED_M:
+        if m <= size:
+            return size
+    raise ValueError(
+        f"FlashCUR supports at most {fwd.SUPPORTED_M[-1]} selected rows (attention.num_landmarks), got {m}; "
+        "lower attention.num_landmarks or use attention=curformer"
+    )
+
+
+def check_device(q: torch.Tensor) -> None:
+    """FlashCUR runs its kernels on CUDA tensors, or on CPU tensors under the Triton interpreter."""
+    if q.is_cuda or (q.device.type == "cpu" and fwd.interpreted()):
+        return
+    hint = (
+        "kernels.flashcur was imported without TRITON_INTERPRET=1: set it in the environment before "
+        "starting Python"
+        if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+        else "run on a CUDA GPU (trainer=gpu), set TRITON_INTERPRET=1 before starting Python to run "
+        "the kernels in Triton's (slow) CPU interpreter, or use attention=curformer (same method in PyTorch)"
+    )
+    raise RuntimeError(f"attention=flashcur needs CUDA tensors or the Triton interpreter; got {q.device} tensors: {hint}")
+
+
+def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwrite_rows=True):
+    """CUR attention through the fused kernels -> ``(B, H, n, d)`` in ``q``'s dtype.
+
+    Same contract as :func:`attention.cur.cur_attention` with the softmax score: ``q, k, v``
+    ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)``, ``index_q, index_k`` long ``(B, H, m)``.
+    """
+    check_device(q)
+    if not q.dtype == k.dtype == v.dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"FlashCUR takes q, k, v of one dtype among float32/float16/bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    batch, heads, n, _ = q.shape
+    m = index_q.shape[2]
+    pad = _padded_size(m) - m
+    real_slot = F.pad(torch.ones(m, dtype=torch.bool, device=q.device), (0, pad))  # (M,)
+    index_q_p, index_k_p = F.pad(index_q, (0, pad)), F.pad(index_k, (0, pad))  # (B, H, M)
+    positions_mask = key_mask[:, None, :].expand(batch, heads, n)
+    valid_q = positions_mask.gather(2, index_q_p) & real_slot
+    valid_k = positions_mask.gather(2, index_k_p) & real_slot
+    q_sel = _rows(q, index_q_p).contiguous()
+    k_sel = _rows(k, index_k_p).contiguous()
+    rv = _RowAttention.apply(q_sel, k, v, key_mask)  # (B, H, M, d) float32
+    u = _SelectedSoftmax.apply(q_sel, k_sel, valid_k)  # (B, H, M, M) float32
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        u = u.masked_fill(~valid_q[..., None], 0.0) + torch.diag_embed((~valid_q).float())
+        w = iterative_pinv(u, pinv_iters) @ rv  # (B, H, M, d)
+    slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=q.device)
+    if overwrite_rows:
+        slot.scatter_(2, index_q, torch.arange(m, dtype=torch.int32, device=q.device).expand_as(index_q).contiguous())
+    return _ColumnAttention.apply(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows)
+
+
+class FlashCURAttention(CURAttention):
+    """Drop-in FlashCUR attention: CUR's selection and parameters, Triton kernels for the products.
+
+    Same arguments and defaults as :class:`attention.cur.CURAttention` minus ``score`` (softmax only).
+    Raises at construction when neither CUDA nor ``TRITON_INTERPRET=1`` is available.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_landmarks: int = 64,
+        selection: str = "abs",
+        same_indices: bool = True,
+        embed_column: int = 0,
+        pinv_iters: int = 6,
+        overwrite_rows: bool = True,
+        force_cls: bool = False,
+    ):
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "attention=flashcur needs a CUDA GPU or the Triton interpreter (TRITON_INTERPRET=1, set before "
+                "starting Python; CPU, slow); neither is available. Use attention=curformer on this machine."
+            )
+        super().__init__(
+            num_heads, head_dim, num_landmarks, selection, same_indices, embed_column, pinv_iters, overwrite_rows, force_cls
+        )
+        _padded_size(self.num_landmarks)
+        fwd.check_head_dim(head_dim)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        index_q, index_k = self.select(q, k, key_mask)
+        return flashcur_attention(q, k, v, key_mask, index_q, index_k, self.pinv_iters, self.overwrite_rows)

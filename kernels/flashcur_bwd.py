@@ -1,0 +1,229 @@
+"""FlashCUR backward kernels: tiled recompute of ``R`` and ``C`` from their saved log-sum-exps.
+
+Notation of :mod:`kernels.flashcur` (``s = 1/√d``, softmaxes in base 2). For a softmax
+``P = softmax(S)`` and an upstream gradient ``dP``, ``dS = P ⊙ (dP − Δ)`` with ``Δ = rowsum(dP ⊙ P)``.
+
+* ``RV = R V``, ``R = softmax(s·Q_I Kᵀ + pad mask)`` (m×n). Given ``dRV`` (m×d) and
+  ``Δ_R = rowsum(dRV ⊙ RV)``: :func:`rv_backward_kv` gives ``dK = s·dS_Rᵀ Q_I`` and ``dV = Rᵀ dRV``
+  per key tile (all m rows in the program); :func:`rv_backward_q` gives ``dQ_I = s·dS_R K`` per
+  block of selected rows, looping over key tiles.
+* ``Y_C = C W``, ``C = softmax(s·Q K_Jᵀ)`` (n×m), with ``dY_C = dY`` on unselected rows and 0 on the
+  rows ``I`` (those were overwritten by ``RV``). :func:`out_backward_q` gives ``dQ = s·dS_C K_J`` and
+  ``Δ_C`` per query tile; :func:`out_backward_kw` gives ``dK_J = s·dS_Cᵀ Q`` and ``dW = Cᵀ dY_C`` per
+  block of selected keys, looping over query tiles.
+
+No program holds more than one (tile × m) block of ``R`` or ``C``; nothing n×m or n×n is stored.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.flashcur import _mm, _mm32, _scale, block_sizes, dot_settings
+
+
+@triton.jit
+def _rv_bwd_kv(
+    QI, K, V, MASK, DRV, LSE, DELTA, DK, DV,
+    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
+    H, N, D, qk_scale, sm_scale,
+    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: a tile of BLOCK_N keys; ``dK, dV`` from all m rows of ``R`` (recomputed)."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_j = tl.arange(0, M)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < N
+    d_ok = offs_d < D
+    tile_ok = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=tile_ok, other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=tile_ok, other=0.0)
+    real = tl.load(MASK + b * stride_mb + offs_n, mask=n_ok, other=0) != 0
+    small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
+    q = tl.load(QI + small, mask=d_ok[None, :], other=0.0)
+    drv = tl.load(DRV + small, mask=d_ok[None, :], other=0.0)
+    lse = tl.load(LSE + pid_bh * M + offs_j)
+    delta = tl.load(DELTA + pid_bh * M + offs_j)
+    scores_t = _mm(k, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_N, M) = (s·Q_I Kᵀ)ᵀ
+    p_t = tl.where(real[:, None], tl.exp2(scores_t - lse[None, :]), 0.0)
+    dv = _mm32(p_t, drv, PRECISION)
+    dp_t = _mm32(v, tl.trans(drv), PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = _mm(ds_t, q, F32_DOT, PRECISION) * sm_scale
+    out = pid_bh * N * D + offs_n[:, None] * D + offs_d[None, :]
+    tl.store(DK + out, dk, mask=tile_ok)
+    tl.store(DV + out, dv, mask=tile_ok)
+
+
+@triton.jit
+def _rv_bwd_q(
+    QI, K, V, MASK, DRV, LSE, DELTA, DQI,
+    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
+    H, N, D, M, qk_scale, sm_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: BLOCK_M selected query rows; ``dQ_I`` accumulated over key tiles."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    small = pid_bh * M * D + offs_m[:, None] * D + offs_d[None, :]
+    q = tl.load(QI + small, mask=d_ok[None, :], other=0.0)
+    drv = tl.load(DRV + small, mask=d_ok[None, :], other=0.0)
+    lse = tl.load(LSE + pid_bh * M + offs_m)
+    delta = tl.load(DELTA + pid_bh * M + offs_m)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        tile_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=tile_ok, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=tile_ok, other=0.0)
+        real = tl.load(MASK + b * stride_mb + offs_n, mask=n_ok, other=0) != 0
+        scores = _mm(q, tl.trans(k), F32_DOT, PRECISION) * qk_scale
+        p = tl.where(real[None, :], tl.exp2(scores - lse[:, None]), 0.0)
+        dp = _mm32(drv, tl.trans(v), PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += _mm(ds, k, F32_DOT, PRECISION)
+    tl.store(DQI + small, dq * sm_scale, mask=d_ok[None, :])
+
+
+@triton.jit
+def _out_bwd_q(
+    Q, KJ, VALIDK, W, SLOT, DY, LSE, DQ, DELTA,
+    stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn,
+    H, N, D, qk_scale, sm_scale,
+    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: a tile of BLOCK_N query rows; ``dQ`` and ``Δ_C`` from the recomputed ``C`` tile."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_j = tl.arange(0, M)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < N
+    d_ok = offs_d < D
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_n[:, None] * stride_qn + offs_d[None, :],
+                mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    free = tl.load(SLOT + pid_bh * N + offs_n, mask=n_ok, other=0) < 0  # rows not overwritten by RV
+    dy = tl.load(DY + b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :],
+                 mask=(n_ok & free)[:, None] & d_ok[None, :], other=0.0)
+    small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
+    kj = tl.load(KJ + small, mask=d_ok[None, :], other=0.0)
+    w = tl.load(W + small, mask=d_ok[None, :], other=0.0)
+    valid = tl.load(VALIDK + pid_bh * M + offs_j) != 0
+    lse = tl.load(LSE + pid_bh * N + offs_n, mask=n_ok, other=0.0)
+    p = tl.where(valid[None, :], tl.exp2(_mm(q, tl.trans(kj), F32_DOT, PRECISION) * qk_scale - lse[:, None]), 0.0)
+    dp = _mm32(dy, tl.trans(w), PRECISION)
+    delta = tl.sum(dp * p, 1)
+    ds = p * (dp - delta[:, None])
+    dq = _mm(ds, kj, F32_DOT, PRECISION) * sm_scale
+    tl.store(DQ + pid_bh * N * D + offs_n[:, None] * D + offs_d[None, :], dq, mask=n_ok[:, None] & d_ok[None, :])
+    tl.store(DELTA + pid_bh * N + offs_n, delta, mask=n_ok)
+
+
+@triton.jit
+def _out_bwd_kw(
+    Q, KJ, VALIDK, W, SLOT, DY, LSE, DELTA, DKJ, DW,
+    stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn,
+    H, N, D, M, qk_scale, sm_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: BLOCK_M selected keys; ``dK_J, dW`` accumulated over query tiles (``Cᵀ`` tiles)."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    small = pid_bh * M * D + offs_m[:, None] * D + offs_d[None, :]
+    kj = tl.load(KJ + small, mask=d_ok[None, :], other=0.0)
+    w = tl.load(W + small, mask=d_ok[None, :], other=0.0)
+    valid = tl.load(VALIDK + pid_bh * M + offs_m) != 0
+    dk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dw = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        q = tl.load(Q + b * stride_qb + h * stride_qh + offs_n[:, None] * stride_qn + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        free = tl.load(SLOT + pid_bh * N + offs_n, mask=n_ok, other=0) < 0
+        dy = tl.load(DY + b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :],
+                     mask=(n_ok & free)[:, None] & d_ok[None, :], other=0.0)
+        lse = tl.load(LSE + pid_bh * N + offs_n, mask=n_ok, other=0.0)
+        delta = tl.load(DELTA + pid_bh * N + offs_n, mask=n_ok, other=0.0)
+        scores_t = _mm(kj, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) = (s·Q K_Jᵀ)ᵀ
+        p_t = tl.where(valid[:, None] & n_ok[None, :], tl.exp2(scores_t - lse[None, :]), 0.0)
+        dw += _mm32(p_t, dy, PRECISION)
+        dp_t = _mm32(w, tl.trans(dy), PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += _mm(ds_t, q, F32_DOT, PRECISION)
+    tl.store(DKJ + small, dk * sm_scale, mask=d_ok[None, :])
+    tl.store(DW + small, dw, mask=d_ok[None, :])
+
+
+def _strides(*tensors: torch.Tensor) -> list[int]:
+    return [s for t in tensors for s in t.stride()[:3]]
+
+
+def rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv):
+    """Gradients of kernel (a): ``(dQ_I (B,H,m,d), dK (B,H,n,d), dV (B,H,n,d))``, all float32."""
+    B, H, m, d = q_sel.shape
+    n = k.shape[2]
+    sizes = block_sizes(n, m, d)
+    d_rv = d_rv.float().contiguous()
+    delta = (d_rv * rv).sum(-1)  # Δ_R (B, H, m)
+    mask = key_mask.to(torch.uint8)
+    dk = torch.empty(B, H, n, d, device=k.device, dtype=torch.float32)
+    dv = torch.empty_like(dk)
+    dq_sel = torch.empty(B, H, m, d, device=k.device, dtype=torch.float32)
+    common = (*_strides(k, v), mask.stride(0))
+    settings = dot_settings(q_sel.dtype)
+    qk_scale, sm_scale = _scale(d), d**-0.5
+    _rv_bwd_kv[(B * H, triton.cdiv(n, sizes["BLOCK_N"]))](
+        q_sel, k, v, mask, d_rv, lse, delta, dk, dv, *common, H, n, d, qk_scale, sm_scale,
+        M=m, BLOCK_N=sizes["BLOCK_N"], BLOCK_D=sizes["BLOCK_D"], **settings,
+    )
+    _rv_bwd_q[(B * H, m // sizes["BLOCK_M"])](
+        q_sel, k, v, mask, d_rv, lse, delta, dq_sel, *common, H, n, d, m, qk_scale, sm_scale, **sizes, **settings,
+    )
+    return dq_sel, dk, dv
+
+
+def out_backward(q, k_sel, valid_k, w, slot, lse, d_out):
+    """Gradients of the ``C W`` part of kernel (c): ``(dQ (B,H,n,d), dK_J (B,H,m,d), dW (B,H,m,d))``, float32."""
+    B, H, n, d = q.shape
+    m = k_sel.shape[2]
+    sizes = block_sizes(n, m, d)
+    if d_out.stride(-1) != 1:
+        d_out = d_out.contiguous()
+    dq = torch.empty(B, H, n, d, device=q.device, dtype=torch.float32)
+    delta = torch.empty(B, H, n, device=q.device, dtype=torch.float32)
+    dk_sel = torch.empty(B, H, m, d, device=q.device, dtype=torch.float32)
+    dw = torch.empty_like(dk_sel)
+    common = _strides(q, d_out)
+    valid_k = valid_k.to(torch.uint8)
+    settings = dot_settings(q.dtype)
+    qk_scale, sm_scale = _scale(d), d**-0.5
+    _out_bwd_q[(B * H, triton.cdiv(n, sizes["BLOCK_N"]))](
+        q, k_sel, valid_k, w, slot, d_out, lse, dq, delta, *common, H, n, d, qk_scale, sm_scale,
+        M=m, BLOCK_N=sizes["BLOCK_N"], BLOCK_D=sizes["BLOCK_D"], **settings,
+    )
+    _out_bwd_kw[(B * H, m // sizes["BLOCK_M"])](
+        q, k_sel, valid_k, w, slot, d_out, lse, delta, dk_sel, dw, *common, H, n, d, m, qk_scale, sm_scale, **sizes, **settings,
+    )
+    return dq, dk_sel, dw
