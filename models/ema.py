@@ -1,0 +1,71 @@
+"""Bidirectional multi-dimensional damped EMA of MEGA (Ma et al. 2022, §3.1; DESIGN §2).
+
+Per channel ``d`` and EMA dimension ``n`` (``ndim`` of them) the damped EMA is
+``u_t = p ⊙ β x_t + (1 − p ⊙ σ(δ)) ⊙ u_{t−1}``, projected back by ``η``; unrolled it is the
+convolution of ``x`` with the kernel
+
+    k[d, l] = Σₙ η[d, n] · √(1/ndim) · p[d, n] · β[d, n] · q[d, n]^l,   p = σ(α),  q = 1 − p·σ(δ),
+
+with ``l = 0 .. L−1`` the lag. The bidirectional EMA has one kernel per direction
+(``k_fwd`` looks back, ``k_bwd`` looks ahead; both include lag 0, as in facebookresearch/mega):
+
+    y[t] = Σ_{j ≤ t} k_fwd[t − j] x[j] + Σ_{j ≥ t} k_bwd[j − t] x[j]
+
+computed in O(L log L) by one FFT of length 2L: the forward part is a product of spectra and the
+backward part a correlation (product with the conjugate spectrum); length 2L makes both linear,
+not circular. The block output is ``silu(y + ω ⊙ x)``.
+
+Decisions: pad positions (``key_mask`` False) are zeroed before the convolution so the EMA of a
+real token never sees padding in either direction; the FFT runs in at least float32 (also under
+autocast). Parameter initialisation follows the reference code (α, δ ~ N(0, 0.2²), β ~ 1 ± 0.02
+with alternating sign over ``n``, η, ω ~ N(0, 1)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class BidirectionalEMA(nn.Module):
+    """``forward(x (B, L, D), key_mask (B, L)) -> (B, L, D)``; parameters ``(2, D, ndim)`` (direction first)."""
+
+    def __init__(self, d_model: int, ndim: int = 16):
+        super().__init__()
+        if ndim < 1:
+            raise ValueError(f"model.block.ndim (EMA dimension) must be >= 1, got {ndim}")
+        self.d_model = d_model
+        self.ndim = ndim
+        self.alpha = nn.Parameter(torch.randn(2, d_model, ndim) * 0.2)
+        self.delta = nn.Parameter(torch.randn(2, d_model, ndim) * 0.2)
+        signs = torch.ones(ndim)
+        signs[1::2] = -1.0
+        self.beta = nn.Parameter(torch.randn(2, d_model, ndim) * 0.02 + signs)
+        self.eta = nn.Parameter(torch.randn(2, d_model, ndim))
+        self.omega = nn.Parameter(torch.randn(d_model))
+
+    def kernel(self, length: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``k[direction, d, l]`` for lags ``l < length``: ``(2, D, length)``."""
+        alpha, delta, beta, eta = (p.to(dtype) for p in (self.alpha, self.delta, self.beta, self.eta))
+        p = torch.sigmoid(alpha)
+        q = 1.0 - p * torch.sigmoid(delta)  # in (0, 1): the decay per step
+        lags = torch.arange(length, device=p.device, dtype=dtype)
+        powers = torch.exp(lags * torch.log(q).unsqueeze(-1))  # (2, D, ndim, L) = q^l
+        weights = eta * math.sqrt(1.0 / self.ndim) * p * beta  # (2, D, ndim)
+        return torch.einsum("edn,ednl->edl", weights, powers)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            signal = (x.to(dtype) * key_mask.unsqueeze(-1).to(dtype)).transpose(1, 2)  # (B, D, L), pads zeroed
+            k_fwd, k_bwd = self.kernel(length, dtype)  # (D, L) each
+            size = 2 * length
+            spectrum = torch.fft.rfft(signal, n=size)
+            response = torch.fft.rfft(k_fwd, n=size) + torch.fft.rfft(k_bwd, n=size).conj()
+            y = torch.fft.irfft(spectrum * response, n=size)[..., :length].transpose(1, 2)  # (B, L, D)
+            out = F.silu(y + self.omega.to(dtype) * signal.transpose(1, 2))
+        return out.to(x.dtype)
