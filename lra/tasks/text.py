@@ -85,7 +85,10 @@ class TextDataModule(CachedDataModule):
         settings = {**super().cache_settings(), "source": source, "byte_offset": BYTE_OFFSET,
                     "val_split": self.val_split, "seed": self.seed if self.val_split else None}
         if source == "folder":
-            settings["files"] = {split: len(folder_files(self.data_dir, split)) for split in ("train", "test")}
+            settings["files"] = {  # (count, total bytes): an added, removed or edited review rebuilds the cache
+                split: (len(files), sum(path.stat().st_size for path, _ in files))
+                for split in ("train", "test") for files in [folder_files(self.data_dir, split)]
+            }
         else:
             settings["tfds_data_dir"] = self.tfds_data_dir
         return settings
