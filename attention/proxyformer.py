@@ -36,7 +36,7 @@ DROPOUT_MODES = ("none", "k1", "k2", "decomposed")
 def landmark_contrastive_loss(landmarks: torch.Tensor, tau: float) -> torch.Tensor:
     """Eq. 7–8 over landmarks ``(..., m, d)``: mean over leading dims and the m rows of
     ``-log softmax(z zᵀ/τ)ᵢᵢ`` with ``z`` the row-normalised landmarks."""
-    z = F.normalize(landmarks.float(), dim=-1)
+    z = F.normalize(landmarks.to(torch.promote_types(landmarks.dtype, torch.float32)), dim=-1)
     logits = z @ z.transpose(-1, -2) / tau  # (..., m, m)
     return -torch.diagonal(logits.log_softmax(dim=-1), dim1=-2, dim2=-1).mean()
 

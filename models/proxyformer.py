@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from attention.proxyformer import ProxyAttention
@@ -68,8 +68,11 @@ class ProxyEncoder(Encoder):
     get no positional embedding.
     """
 
-    def __init__(self, *args, block, **kwargs):
-        super().__init__(*args, block=block, **kwargs)
+    def __init__(self, *args, attention: DictConfig, block, **kwargs):
+        # Resolve before the blocks copy the node: attention.build_attention copies it without its parent,
+        # which breaks interpolations into the run config (configs/experiment/proxyformer_table3.yaml).
+        attention = OmegaConf.create(OmegaConf.to_container(attention, resolve=True))
+        super().__init__(*args, attention=attention, block=block, **kwargs)
         first = self.blocks[0]
         if not isinstance(first, ProxyBlock):
             raise ValueError(
