@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lra import REPO_ROOT
@@ -37,8 +39,19 @@ def peak_memory_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def job_overrides() -> list[str]:
+    """The Hydra job's command-line/sweep overrides (``a.b=v``), or [] outside Hydra; the report groups on them."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> Path:
-    """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics."""
+    """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics.
+
+    Under DDP only global rank 0 writes (every rank returns the same path).
+    """
+    path = Path(run_dir) / "results.json"
+    if rank_zero_only.rank != 0:
+        return path
     record = {
         "task": cfg.task.name,
         "attention": cfg.attention.name,
@@ -52,9 +65,9 @@ def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) ->
         "peak_mem_bytes": peak_memory_bytes(),
         **fields,
         "git_commit": git_commit(),
+        "overrides": job_overrides(),
         "config": OmegaConf.to_container(cfg, resolve=False),
     }
-    path = Path(run_dir) / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str))
