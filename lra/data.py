@@ -1,0 +1,149 @@
+"""Download and unpack the LRA data under ``data/``: ``python -m lra.data download [NAME ...]``.
+
+Names (default: all three): ``lra_release`` (the LRA release tarball: ListOps, Retrieval/AAN,
+Pathfinder and Path-X), ``imdb`` (``aclImdb`` for Text), ``cifar10`` (``cifar-10-batches-py`` for
+Image). Archives are kept in ``data/downloads/`` (a finished archive is not fetched again) and
+unpacked into ``data/``; a folder already unpacked is left alone. ``--tfds imdb_reviews cifar10``
+prepares the TFDS versions instead (needs ``requirements-data.txt``), in the array_record format
+our readers use. ``--url NAME=URL`` fetches from a mirror (any URL urllib opens, ``file://`` too).
+The layouts are documented in ``data/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tarfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from lra import REPO_ROOT
+
+
+@dataclass(frozen=True)
+class Source:
+    """An archive at ``url`` that unpacks to ``data_dir/<unpacks_to>``."""
+
+    url: str
+    archive: str
+    unpacks_to: str
+    about: str
+
+
+SOURCES = {
+    "lra_release": Source("https://storage.googleapis.com/long-range-arena/lra_release.gz", "lra_release.gz",
+                          "lra_release", "LRA release: ListOps, Retrieval (AAN), Pathfinder, Path-X (~7.7 GB)"),
+    "imdb": Source("https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", "aclImdb_v1.tar.gz",
+                   "aclImdb", "IMDB reviews for Text (~80 MB)"),
+    "cifar10": Source("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "cifar-10-python.tar.gz",
+                      "cifar-10-batches-py", "CIFAR-10 python batches for Image (~170 MB)"),
+}
+TFDS_NAMES = ("imdb_reviews", "cifar10")
+CHUNK = 1 << 20
+
+
+def fetch(url: str, target: Path) -> None:
+    """Stream ``url`` to ``target`` (through ``target.part``, so an interrupted download is never taken as done)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    try:
+        with urllib.request.urlopen(url) as response, partial.open("wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=target.name) as progress:
+                while chunk := response.read(CHUNK):
+                    out.write(chunk)
+                    progress.update(len(chunk))
+    except (urllib.error.URLError, OSError) as error:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(
+            f"could not fetch {url} ({error}); check the connection, pass --url NAME=<mirror URL>, "
+            f"or put the archive at {target} yourself and run the command again"
+        ) from error
+    partial.replace(target)
+
+
+def unpack(archive: Path, data_dir: Path, expected: str) -> Path:
+    """Extract the tar ``archive`` (any compression) into ``data_dir``; it must create ``data_dir/expected``."""
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            for member in tqdm(members, desc=f"unpacking {archive.name}", unit="file", mininterval=2):
+                tar.extract(member, data_dir, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise RuntimeError(
+            f"{archive} is not a readable tar archive ({error}); delete it and run the command again to re-download"
+        ) from error
+    if not (data_dir / expected).is_dir():
+        raise RuntimeError(f"{archive} did not unpack to {data_dir / expected}; is it the right archive?")
+    return data_dir / expected
+
+
+def download(name: str, data_dir: Path, url: str | None = None) -> Path:
+    """Fetch (unless already in ``data_dir/downloads``) and unpack source ``name``; return the unpacked folder."""
+    source = SOURCES[name]
+    folder = data_dir / source.unpacks_to
+    if folder.is_dir() and any(folder.iterdir()):
+        print(f"{name}: {folder} is already there (delete it to unpack again)")
+        return folder
+    archive = data_dir / "downloads" / source.archive
+    if not archive.exists():
+        print(f"{name}: fetching {source.about}")
+        fetch(url or source.url, archive)
+    unpack(archive, data_dir, source.unpacks_to)
+    print(f"{name}: ready in {folder}")
+    return folder
+
+
+def prepare_tfds(name: str, tfds_data_dir: str | None) -> None:
+    """Download and prepare TFDS ``name`` in the array_record format (what ``tfds.data_source`` reads)."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as error:
+        raise RuntimeError("--tfds needs tensorflow-datasets: '.venv/bin/pip install -r requirements-data.txt'") from error
+    tfds.builder(name, data_dir=tfds_data_dir, file_format="array_record").download_and_prepare()
+    print(f"{name}: TFDS dataset prepared in {tfds_data_dir or 'the TFDS default directory'}")
+
+
+def parse_urls(pairs: list[str]) -> dict[str, str]:
+    urls = {}
+    for pair in pairs:
+        name, sep, url = pair.partition("=")
+        if not sep or name not in SOURCES:
+            raise SystemExit(f"--url expects NAME=URL with NAME one of {', '.join(SOURCES)}; got {pair!r}")
+        urls[name] = url
+    return urls
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lra.data", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    get = commands.add_parser("download", help="fetch and unpack datasets under --data-dir")
+    get.add_argument("names", nargs="*", metavar="NAME",
+                     help=f"archives to fetch: {', '.join(SOURCES)} (default: all, unless --tfds is given)")
+    get.add_argument("--data-dir", type=Path, default=REPO_ROOT / "data")
+    get.add_argument("--tfds", nargs="+", choices=TFDS_NAMES, default=[], help="prepare these TFDS datasets")
+    get.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
+    get.add_argument("--url", action="append", default=[], metavar="NAME=URL", help="fetch NAME from a mirror")
+    get.add_argument("--delete-archives", action="store_true", help="remove data/downloads/<archive> after unpacking")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(SOURCES))
+    if unknown:
+        parser.error(f"unknown dataset {', '.join(unknown)}: choose from {', '.join(SOURCES)}")
+    urls = parse_urls(args.url)
+    names = args.names or ([] if args.tfds else list(SOURCES))
+    for name in names:
+        download(name, args.data_dir, urls.get(name))
+        if args.delete_archives:
+            (args.data_dir / "downloads" / SOURCES[name].archive).unlink(missing_ok=True)
+    if args.delete_archives and (args.data_dir / "downloads").is_dir() and not any((args.data_dir / "downloads").iterdir()):
+        shutil.rmtree(args.data_dir / "downloads")
+    for name in args.tfds:
+        prepare_tfds(name, args.tfds_data_dir)
+
+
+if __name__ == "__main__":
+    main()
