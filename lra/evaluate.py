@@ -1,0 +1,65 @@
+"""Evaluate a checkpoint with any drop-in attention, no training (direct weight transfer).
+
+``python -m lra.evaluate ckpt_path=<ckpt> task=<t> attention=<a> [attention.*=...]`` composes
+``configs/evaluate.yaml`` (train.yaml plus ``ckpt_path``), builds the model with the requested
+attention, loads the checkpoint's weights (:func:`lra.checkpoints.load_transferred_weights`: strict
+on shared parameters, naming any skipped or freshly initialised one), tests it and writes
+``<run dir>/results.json`` with ``test_acc``, ``transferred_from``, ``skipped`` and ``initialised``.
+This is CUR paper Table 3 (MEGA -> MegaCUR) and §8 (softmax ViT -> CUR) without fine-tuning; for
+fine-tuning, train with ``init_from=<ckpt>``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from lra.checkpoints import load_transferred_weights
+from lra.module import build_module
+from lra.results import write_results
+from lra.train import build_trainer, finish_wandb
+
+
+def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
+    """Load ``cfg.ckpt_path`` into the configured model, test it; return the ``results.json`` metrics."""
+    L.seed_everything(cfg.seed, workers=True)
+    module = build_module(cfg)
+    transfer = load_transferred_weights(module.model, cfg.ckpt_path)
+    datamodule = instantiate(cfg.task.datamodule)
+    trainer = build_trainer(cfg, run_dir)
+    started = time.perf_counter()
+    test_metrics = trainer.test(module, datamodule=datamodule)[0]
+    return {
+        "test_acc": float(test_metrics["test/acc"]),
+        "steps": 0,
+        "eval_time_s": time.perf_counter() - started,
+        "transferred_from": str(Path(cfg.ckpt_path).resolve()),
+        **transfer,
+    }
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
+def main(cfg: DictConfig) -> float:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    print(f"[lra] run dir: {run_dir}", flush=True)
+    try:
+        metrics = evaluate(cfg, run_dir)
+    except Exception as error:
+        write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}", transferred_from=str(cfg.ckpt_path))
+        raise
+    finally:
+        finish_wandb()
+    path = write_results(run_dir, cfg, "completed", **metrics)
+    print(f"[lra] {cfg.attention.name} on {cfg.task.name} from {cfg.ckpt_path}: test acc {metrics['test_acc']:.4f}; "
+          f"results: {path}", flush=True)
+    return metrics["test_acc"]
+
+
+if __name__ == "__main__":
+    main()
