@@ -175,7 +175,7 @@ def generate(
                 progress.update()
         else:
             with ProcessPoolExecutor(workers) as pool:
-                for index, line in pool.map(_write, jobs, chunksize=max(1, min(64, count // (4 * workers)))):
+                for index, line in pool.map(_write, jobs, chunksize=max(1, min(16, count // (4 * workers)))):
                     lines[index // batch_size].append(line)
                     progress.update()
     for batch, batch_lines in enumerate(lines):
