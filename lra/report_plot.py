@@ -1,0 +1,43 @@
+"""``python -m lra.report ... --plot FILE``: test accuracy vs training throughput, marker area ∝ peak memory.
+
+The layout of the Proxyformer paper's Fig. 1 (Lee, Lee, Shin, AAAI 2024): one point per report row,
+x = training samples/s (mean over seeds), y = mean test accuracy, marker area proportional to the
+mean peak memory; one panel per task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MAX_MARKER_AREA = 900.0  # points², for the largest peak memory of a panel
+
+
+def plot_accuracy_vs_throughput(summary: list[dict], settings: list[str], out: Path) -> Path:
+    """Draw the rows of ``summary`` (``lra.report.summarize``) that have accuracy and throughput into ``out``."""
+    points = [s for s in summary if s["test_acc_mean"] is not None and s["samples_per_s"] is not None]
+    if not points:
+        raise ValueError("nothing to plot: no row has a completed run with test_acc and samples_per_s")
+    tasks = sorted({s["task"] for s in points})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        rows = [s for s in points if s["task"] == task]
+        largest = max((s["peak_mem_mib"] or 0.0) for s in rows) or 1.0
+        for s in rows:
+            label = " ".join([s["attention"], *(f"{key}={s[key]}" for key in settings)])
+            area = MAX_MARKER_AREA * (s["peak_mem_mib"] or 0.0) / largest
+            ax.scatter(s["samples_per_s"], s["test_acc_mean"], s=max(area, 20.0), alpha=0.6, label=label)
+            ax.annotate(f"{s['peak_mem_mib']:.0f} MiB" if s["peak_mem_mib"] else "", (s["samples_per_s"], s["test_acc_mean"]),
+                        fontsize=7, ha="center", va="center")
+        ax.set(title=task, xlabel="training throughput (samples/s)", ylabel="test accuracy (%)")
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

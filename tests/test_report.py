@@ -1,0 +1,104 @@
+"""lra.report on hand-written run records: grouping, mean ± std, published matching, failures, formats, plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lra import report
+
+
+def write_run(root: Path, name: str, task: str, attention: str, seed: int, acc: float | None, *,
+              status: str = "completed", overrides: list[str] = (), config: dict | None = None, tags=()) -> None:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    record = {
+        "task": task, "attention": attention, "seed": seed, "status": status, "test_acc": acc,
+        "val_acc_best": acc, "samples_per_s": 100.0 + seed, "peak_mem_bytes": 2**20 * (10 + seed),
+        "overrides": [f"task={task}", f"attention={attention}", f"seed={seed}", *overrides],
+        "config": {"tags": list(tags), "attention": {"name": attention, **(config or {})}},
+    }
+    if status == "failed":
+        record["error"] = "RuntimeError: boom"
+    (run_dir / "results.json").write_text(json.dumps(record))
+
+
+def test_groups_by_task_attention_and_differing_overrides(tmp_path):
+    for i, (m, seed, acc) in enumerate([(32, 0, 0.40), (32, 1, 0.42), (64, 0, 0.50), (64, 1, 0.53), (64, 2, 0.56)]):
+        write_run(tmp_path, f"{i}", "listops", "curformer", seed, acc,
+                  overrides=[f"attention.num_landmarks={m}", "trainer.max_steps=10"])
+    rows, settings = report.group_runs(report.collect([tmp_path]))
+    assert settings == ["attention.num_landmarks"]  # max_steps is the same for every run: not a column
+    summary = {s["attention.num_landmarks"]: s for s in report.summarize(rows, {})}
+    assert summary["32"]["seeds"] == 2 and summary["64"]["seeds"] == 3
+    assert summary["64"]["test_acc_mean"] == pytest.approx(53.0)
+    assert summary["64"]["test_acc_std"] == pytest.approx(3.0)  # sample std of 50, 53, 56
+    assert summary["32"]["test_acc_std"] == pytest.approx(math.sqrt(2.0))  # (40, 42): sqrt(((1)^2 + (1)^2) / 1)
+
+
+def test_published_row_follows_tags_and_match(tmp_path):
+    tables = yaml.safe_load(report.PUBLISHED.read_text())
+    write_run(tmp_path, "a", "listops", "curformer", 0, 0.40, config={"selection": "abs"})
+    write_run(tmp_path, "b", "listops", "curformer", 0, 0.41, config={"selection": "sum"}, overrides=["attention.selection=sum"])
+    write_run(tmp_path, "c", "text", "softmax", 0, 0.60, tags=["proxyformer_table1"], overrides=["experiment=proxyformer_table1"])
+    write_run(tmp_path, "d", "text", "softmax", 0, 0.61)
+    summary = report.summarize(*[report.group_runs(report.collect([tmp_path]))[0]], tables)
+    by_key = {(s["task"], s["attention"], s.get("attention.selection"), s.get("experiment")): s for s in summary}
+    abs_row = by_key[("listops", "curformer", "-", "-")]
+    assert (abs_row["published"], abs_row["published_table"]) == (39.62, "cur_table1")
+    assert abs_row["delta"] == pytest.approx(40.0 - 39.62)
+    sum_row = by_key[("listops", "curformer", "sum", "-")]
+    assert (sum_row["published"], sum_row["published_table"]) == (38.99, "cur_table4_selection")
+    assert by_key[("text", "softmax", "-", "proxyformer_table1")]["published"] == 64.84   # tagged: its own table
+    assert by_key[("text", "softmax", "-", "-")]["published"] == 65.21                    # untagged: first table
+
+
+def test_failed_and_missing_runs_are_counted_and_listed(tmp_path):
+    write_run(tmp_path, "ok", "listops", "softmax", 0, 0.30)
+    write_run(tmp_path, "bad", "listops", "softmax", 1, None, status="failed")
+    killed = tmp_path / "killed" / ".hydra"
+    killed.mkdir(parents=True)
+    (killed / "config.yaml").write_text(yaml.safe_dump({"seed": 2, "task": {"name": "listops"}, "attention": {"name": "softmax"}}))
+    (killed / "overrides.yaml").write_text(yaml.safe_dump(["seed=2"]))
+    out = tmp_path / "table.md"
+    assert report.main([str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| listops"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[2:5] == ["1", "1", "1"]  # seeds completed, failed, missing
+    assert "failed: listops / softmax / seed 1" in text and "RuntimeError: boom" in text
+    assert "missing: listops / softmax / seed 2" in text
+
+
+def test_csv_latex_and_plot(tmp_path):
+    for seed, acc in enumerate([0.2, 0.4]):
+        write_run(tmp_path / "runs", f"s{seed}", "image", "softmax", seed, acc)
+    out_csv, out_tex, out_png = tmp_path / "t.csv", tmp_path / "t.tex", tmp_path / "fig.png"
+    assert report.main([str(tmp_path / "runs"), "--format", "csv", "--out", str(out_csv), "--plot", str(out_png)]) == 0
+    (row,) = list(csv.DictReader(io.StringIO(out_csv.read_text())))
+    assert float(row["test_acc_mean"]) == pytest.approx(30.0) and float(row["published"]) == 42.94
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.main([str(tmp_path / "runs"), "--format", "latex", "--out", str(out_tex)]) == 0
+    assert r"\begin{tabular}" in out_tex.read_text() and r"30.00 $\pm$ 14.14" in out_tex.read_text()
+
+
+def test_empty_or_absent_dir_is_an_error(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 1
+    assert "no runs" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="sweep dir not found"):
+        report.main([str(tmp_path / "absent")])
+
+
+def test_published_file_is_consistent():
+    tables = yaml.safe_load(report.PUBLISHED.read_text())
+    for name, table in tables.items():
+        assert table["source"], name
+        for row in table["rows"]:
+            assert len(row["acc"]) == len(table["tasks"]), (name, row["attention"])
+            assert all(0 < value < 100 for value in row["acc"])
