@@ -15,6 +15,7 @@ from pathlib import Path
 
 import hydra
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
@@ -55,8 +56,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     for logger in trainer.loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     last = run_dir / "checkpoints" / "last.ckpt"
+    resumed_from_step = None
     if last.exists():
-        log.info("resuming from %s", last)
+        resumed_from_step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+        print(f"[lra] resuming from {last} (step {resumed_from_step})", flush=True)
     started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.exists() else None)
     train_time = time.perf_counter() - started
@@ -69,6 +72,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "train_time_s": train_time,
         "samples_per_s": module.samples_seen / train_time if train_time > 0 else None,
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if has_best else None,
+        "resumed_from_step": resumed_from_step,
     }
 
 
