@@ -112,8 +112,7 @@ class DeltaRuleAttention(nn.Module):
             q_n = F.normalize(q.to(dtype), dim=-1)
             k_n = F.normalize(k.to(dtype), dim=-1) * real.unsqueeze(-1)
             v_c = v.to(dtype)
-            forward = delta_rule_chunked(q_n, k_n, v_c, beta, self.chunk_size)
-            reversed_inputs = (x.flip(2) for x in (q_n, k_n, v_c, beta))  # token axis reversed
-            backward = delta_rule_chunked(*reversed_inputs, self.chunk_size).flip(2)
-            out = 0.5 * (forward + backward)
+            both = [torch.cat([x, x.flip(2)]) for x in (q_n, k_n, v_c, beta)]  # forward and reversed, one batch
+            forward, backward = delta_rule_chunked(*both, self.chunk_size).chunk(2)
+            out = 0.5 * (forward + backward.flip(2))
         return out.to(q.dtype)

@@ -50,7 +50,7 @@ def sliding_window_softmax(
     allowed = band & mask_slab[:, None, :, None, :]  # (B, 1, Nb, b, span)
     scores = (q_blocks @ k_slab) / math.sqrt(d)
     scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1)
+    probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)  # >= fp32
     if dropout_p > 0:
         probs = F.dropout(probs, p=dropout_p)
     return (probs @ v_slab).flatten(2, 3)[:, :, :n]
