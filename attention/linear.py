@@ -76,10 +76,11 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     scores = torch.tril(q @ k.transpose(-1, -2))  # (B, H, N, C, C), o_t sees tokens ≤ t of its chunk
     state = q.new_zeros(batch, heads, d_k, d_v)
     outputs = []
-    for c in range(chunks):
-        u = w_v[:, :, c] - w_k[:, :, c] @ state  # (B, H, C, d_v)
-        outputs.append(q[:, :, c] @ state + scores[:, :, c] @ u)
-        state = state + k[:, :, c].transpose(-1, -2) @ u
+    # unbind (not indexing in the loop): its backward is one stack, not one zero-filled full-size grad per chunk
+    for q_c, k_c, w_v_c, w_k_c, scores_c in zip(*(x.unbind(2) for x in (q, k, w_v, w_k, scores))):
+        u = w_v_c - w_k_c @ state  # (B, H, C, d_v)
+        outputs.append(q_c @ state + scores_c @ u)
+        state = state + k_c.transpose(-1, -2) @ u
     return torch.stack(outputs, 2).flatten(2, 3)[:, :, :n]
 
 
