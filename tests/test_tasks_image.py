@@ -77,8 +77,10 @@ def test_black_pixels_are_real_tokens(cifar):
 
 
 def test_errors_name_the_file_and_the_fix(tmp_path, cifar):
-    with pytest.raises(FileNotFoundError, match=r"data_batch_1.*python -m lra.data download cifar10"):
-        module(tmp_path / "absent", source="pickle").load_split("train")
+    for source in ("pickle", "auto"):  # auto: no pickles and no prepared TFDS copy in tfds_data_dir
+        data = module(tmp_path / "absent", source=source, tfds_data_dir=str(tmp_path / "tfds"))
+        with pytest.raises(FileNotFoundError, match=r"data_batch_1.*download cifar10'.*--tfds cifar10"):
+            data.load_split("train")
     root = tmp_path / "cifar"
     write_cifar(root)
     (root / "test_batch").write_bytes(b"not a pickle")

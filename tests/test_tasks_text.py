@@ -76,9 +76,11 @@ def test_validation_is_imdb_test_unless_val_split_holds_out_train(imdb):
     assert again.equal(val.ids)
 
 
-def test_missing_data_names_the_download_command(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"aclImdb.*python -m lra.data download imdb|download imdb"):
-        module(tmp_path / "absent", source="folder").load_split("train")
+def test_missing_data_names_both_ways_to_get_it(tmp_path):
+    for source in ("folder", "auto"):  # auto: no folder and no prepared TFDS copy in tfds_data_dir
+        data = module(tmp_path / "absent", source=source, tfds_data_dir=str(tmp_path / "tfds"))
+        with pytest.raises(FileNotFoundError, match=r"absent/train.*'python -m lra.data download imdb'.*--tfds imdb_reviews"):
+            data.load_split("train")
 
 
 def test_bad_settings_name_the_config_key(imdb):

@@ -8,18 +8,19 @@ token, so every image has length 1024 and the mask comes from lengths, never fro
 Splits: train = the first 90% of CIFAR-10 train (45k), val = the last 10% (5k), test = test (10k).
 Sources (``source``): ``pickle`` reads the standard ``cifar-10-batches-py`` (``data_batch_1..5``,
 ``test_batch``); ``tfds`` reads TFDS ``cifar10`` (array_record); ``auto`` takes the pickles when
-``data_dir`` exists, else TFDS when it is installed.
+``data_dir`` exists, else TFDS when it is prepared.
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
 from pathlib import Path
 
 import numpy as np
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
-from lra.tasks.tfds_source import load_tfds, tfds_available
+from lra.tasks.tfds_source import load_tfds, tfds_prepared
 
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILES = ("test_batch",)
@@ -78,13 +79,16 @@ class ImageDataModule(CachedDataModule):
         self.tfds_data_dir = tfds_data_dir
         self.cifar: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
+    @functools.cached_property
     def resolved_source(self) -> str:
-        if self.source != "auto":
-            return self.source
-        return "pickle" if self.data_dir.is_dir() or not tfds_available() else "tfds"
+        """``source``; for ``auto`` the raw files when present, else TFDS when prepared, else the raw files
+        (whose absence :meth:`check_data` reports with both ways to get the data)."""
+        if self.source != "auto" or self.data_dir.is_dir():
+            return "pickle" if self.source == "auto" else self.source
+        return "tfds" if tfds_prepared("cifar10", self.tfds_data_dir) else "pickle"
 
     def cache_settings(self) -> dict:
-        source = self.resolved_source()
+        source = self.resolved_source
         settings = {**super().cache_settings(), "source": source, "weights": list(WEIGHTS), "train_fraction": TRAIN_FRACTION}
         if source == "pickle":
             settings["file_sizes"] = {
@@ -96,7 +100,7 @@ class ImageDataModule(CachedDataModule):
         return settings
 
     def check_data(self) -> None:
-        if self.resolved_source() == "tfds":
+        if self.resolved_source == "tfds":
             return  # load_tfds raises with the fix when the dataset is not installed or prepared
         missing = [str(self.data_dir / name) for name in TRAIN_FILES + TEST_FILES if not (self.data_dir / name).exists()]
         if missing:
@@ -110,7 +114,7 @@ class ImageDataModule(CachedDataModule):
     def cifar_split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The source's ``train`` or ``test`` split, read once per DataModule."""
         if split not in self.cifar:
-            if self.resolved_source() == "pickle":
+            if self.resolved_source == "pickle":
                 self.cifar[split] = read_pickles(self.data_dir, TRAIN_FILES if split == "train" else TEST_FILES)
             else:
                 self.cifar[split] = read_tfds(split, self.tfds_data_dir)

@@ -5,7 +5,7 @@ Tokens are the review's UTF-8 bytes, ``id = byte + 1`` (0 = pad), truncated to `
 
 Sources (``source``): ``folder`` reads the standard ``aclImdb/{train,test}/{pos,neg}/*.txt``;
 ``tfds`` reads TFDS ``imdb_reviews`` prepared as array_record (see ``lra.tasks.tfds_source``);
-``auto`` takes the folder when ``data_dir/train`` exists, else TFDS when it is installed.
+``auto`` takes the folder when ``data_dir/train`` exists, else TFDS when it is prepared.
 
 Splits: LRA validates on the IMDB test split; we keep that by default (``val == test``) for
 comparability. ``val_split`` (a fraction) instead holds out a seeded random part of train.
@@ -13,13 +13,14 @@ comparability. ``val_split`` (a fraction) instead holds out a seeded random part
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
-from lra.tasks.tfds_source import load_tfds, tfds_available
+from lra.tasks.tfds_source import load_tfds, tfds_prepared
 
 BYTE_OFFSET = 1  # id = byte + 1, 0 = pad
 LABELS = {"neg": 0, "pos": 1}
@@ -75,13 +76,16 @@ class TextDataModule(CachedDataModule):
         self.tfds_data_dir = tfds_data_dir
         self.imdb: dict[str, tuple[list[np.ndarray], list[int]]] = {}
 
+    @functools.cached_property
     def resolved_source(self) -> str:
-        if self.source != "auto":
-            return self.source
-        return "folder" if (self.data_dir / "train").is_dir() or not tfds_available() else "tfds"
+        """``source``; for ``auto`` the raw files when present, else TFDS when prepared, else the raw files
+        (whose absence :meth:`check_data` reports with both ways to get the data)."""
+        if self.source != "auto" or (self.data_dir / "train").is_dir():
+            return "folder" if self.source == "auto" else self.source
+        return "tfds" if tfds_prepared("imdb_reviews", self.tfds_data_dir) else "folder"
 
     def cache_settings(self) -> dict:
-        source = self.resolved_source()
+        source = self.resolved_source
         settings = {**super().cache_settings(), "source": source, "byte_offset": BYTE_OFFSET,
                     "val_split": self.val_split, "seed": self.seed if self.val_split else None}
         if source == "folder":
@@ -94,7 +98,7 @@ class TextDataModule(CachedDataModule):
         return settings
 
     def check_data(self) -> None:
-        if self.resolved_source() == "tfds":
+        if self.resolved_source == "tfds":
             return  # load_tfds raises with the fix when the dataset is not installed or prepared
         missing = [str(self.data_dir / split) for split in ("train", "test") if not (self.data_dir / split).is_dir()]
         if missing:
@@ -108,7 +112,7 @@ class TextDataModule(CachedDataModule):
     def imdb_split(self, split: str) -> tuple[list[np.ndarray], list[int]]:
         """The source's ``train`` or ``test`` split, read once per DataModule."""
         if split not in self.imdb:
-            if self.resolved_source() == "folder":
+            if self.resolved_source == "folder":
                 self.imdb[split] = read_folder(self.data_dir, split, self.max_length)
             else:
                 self.imdb[split] = read_tfds(split, self.max_length, self.tfds_data_dir)

@@ -37,3 +37,12 @@ def load_tfds(name: str, split: str, data_dir: str | None) -> Sequence[dict[str,
             f"'python -m lra.data download --tfds {name}' (prepares it in the array_record format) "
             "or set the task's tfds_data_dir to where it is prepared"
         ) from error
+
+
+def tfds_prepared(name: str, data_dir: str | None) -> bool:
+    """True when TFDS is installed and ``name`` is prepared (array_record) in ``data_dir``."""
+    if not tfds_available():
+        return False
+    import tensorflow_datasets as tfds
+
+    return tfds.builder(name, data_dir=data_dir, file_format="array_record").is_prepared()
