@@ -18,12 +18,12 @@ from lra.tasks import pathfinder
 from lra.tasks.pathfinder_draw import segment_distances
 from lra.tasks.pathfinder_generator import generate, label_of, parameters
 
-COUNT, BATCH, SEED = 40, 16, 0
+COUNT, BATCH, SEED = 36, 16, 0
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> Path:
-    """40 images at 32 px written by the real CLI with 2 worker processes, 16 per batch folder."""
+    """36 images at 32 px written by the real CLI with 2 worker processes, 16 per batch folder."""
     out = tmp_path_factory.mktemp("pathfinder") / "pathfinder32" / "curv_contour_length_14"
     result = run_cli([
         "-m", "lra.tasks.pathfinder", "generate", "--out", str(out), "--resolution", "32", "--difficulty", "14",
@@ -99,7 +99,7 @@ def test_reader_reads_the_generated_layout(generated, tmp_path):
     )
     module.setup()
     sizes = {split: len(module.splits[split].labels) for split in ("train", "val", "test")}
-    assert sizes == {"train": 32, "val": 4, "test": 4}
+    assert sizes == {"train": 28, "val": 3, "test": 5}  # int(0.8 n), int(0.1 n), the rest
     assert int(module.splits["train"].ids.max()) == 255 and bool((module.splits["train"].lengths == 1024).all())
 
 
@@ -118,11 +118,11 @@ def test_flood_fill_between_markers_agrees_with_label(generated):
 def test_segment_distance_matches_dense_sampling():
     rng = np.random.default_rng(0)
     candidates, segments = rng.uniform(0, 6, (5, 2, 2)), rng.uniform(0, 6, (7, 2, 2))
-    t = np.linspace(0, 1, 1001)[:, None]
-    points = lambda s: s[0] + t * (s[1] - s[0])  # noqa: E731  (1001, 2) samples along a segment
+    t = np.linspace(0, 1, 401)[:, None]
+    points = lambda s: s[0] + t * (s[1] - s[0])  # noqa: E731  (401, 2) samples along a segment
     reference = np.array([[np.linalg.norm(points(c)[:, None] - points(s)[None], axis=-1).min() for s in segments]
                           for c in candidates])
-    np.testing.assert_allclose(segment_distances(candidates, segments), reference, atol=5e-3)
+    np.testing.assert_allclose(segment_distances(candidates, segments), reference, atol=2e-2)
     crossing = np.array([[[0.0, 0.0], [2.0, 2.0]]]), np.array([[[0.0, 2.0], [2.0, 0.0]]])
     assert segment_distances(*crossing)[0, 0] == 0.0
 
