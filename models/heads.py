@@ -18,8 +18,9 @@ class MLPHead(nn.Module):
 
 
 class PairHead(nn.Module):
-    """Two-document head (LRA Retrieval): features ``(B, 2, d_model)`` of one shared encoder, ``a, b = features[:, 0], features[:, 1]``,
-    ``Linear(4·d_model -> hidden) -> ReLU -> Linear(hidden -> classes)`` over ``[a, b, a·b, a−b]`` ``(B, 4·d_model)``."""
+    """Two-document head (LRA Retrieval; DESIGN §3): pooled features ``(B, 2, d_model)`` of one shared encoder,
+    ``a, b = features[:, 0], features[:, 1]``, then ``Linear(4·d_model -> hidden) -> ReLU -> Linear(hidden -> classes)``
+    over ``[a, b, a·b, a−b]`` ``(B, 4·d_model)`` (the LRA / Nyströmformer dual-encoder classifier)."""
 
     def __init__(self, d_model: int, num_classes: int, hidden_dim: int = 128):
         super().__init__()

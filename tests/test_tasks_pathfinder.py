@@ -130,10 +130,11 @@ def test_cache_built_with_other_settings_is_rebuilt(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         again = module(root, cache_dir=cache).load_split("train")
     assert "other settings" in caplog.text and again.ids.equal(first.ids)
-    (root / "imgs" / "0" / "sample_1.png").write_bytes(b"")  # metadata unchanged, but ...
-    (root / "metadata" / "0.npy").write_text((root / "metadata" / "0.npy").read_text().replace("sample_2.png", "sample_1.png", 1) + "\n")
+    metadata = root / "metadata" / "0.npy"
+    metadata.write_text(metadata.read_text() + "imgs/0 sample_0.png 0 1\n")  # one more listed sample
     changed = module(root, cache_dir=cache)
-    assert changed.cache_path("train") != path  # edited metadata: another cache key, rebuilt
+    assert changed.cache_path("train") != path  # edited metadata: another cache key, so a fresh read
+    assert len(changed.load_split("train")) == int(10 * 0.8)  # 9 non-empty + 1 listed again = 10
 
 
 def test_reader_reads_what_the_generator_writes(tmp_path):
