@@ -9,7 +9,8 @@ of :mod:`kernels.flashcur` (forward) and :mod:`kernels.flashcur_bwd` (backward):
     Y  = softmax(s·Q K_Jᵀ) W, Y[I] = RV     kernel (c), one query tile per program       (n × d)
 
 ``s = 1/√d``. ``C`` (n×m) and ``R`` (m×n) are never stored: the forward keeps only their row
-log-sum-exps (n + m floats per head) and the backward recomputes them tile by tile.
+log-sum-exps (n + m floats per head) and the backward recomputes them tile by tile. The pseudo-
+inverse iteration is checkpointed (its m×m intermediates are recomputed in the backward).
 
 Parameters and defaults are CURformer's (``configs/attention/curformer.yaml``; selection by
 :func:`attention.selection.select_indices`, same rules and decisions, including ``n_real < m``).
@@ -29,6 +30,7 @@ import os
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import checkpoint
 
 from attention.cur import CURAttention, _rows
 from attention.pinv import iterative_pinv
@@ -145,7 +147,8 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     u = _SelectedSoftmax.apply(q_sel, k_sel, valid_k)  # (B, H, M, M) float32
     with torch.autocast(device_type=q.device.type, enabled=False):
         u = u.masked_fill(~valid_q[..., None], 0.0) + torch.diag_embed((~valid_q).float())
-        w = iterative_pinv(u, pinv_iters) @ rv  # (B, H, M, d)
+        # Recomputed in backward: the iteration's m×m intermediates are not kept (only U is).
+        w = checkpoint(iterative_pinv, u, pinv_iters, use_reentrant=False) @ rv  # (B, H, M, d)
     slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=q.device)
     if overwrite_rows:
         slot.scatter_(2, index_q, torch.arange(m, dtype=torch.int32, device=q.device).expand_as(index_q).contiguous())

@@ -1,0 +1,203 @@
+"""FlashCUR kernels against CUR (same indices) and an independent dense reference.
+
+These tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before
+Python starts (the interpreter is chosen when :mod:`kernels.flashcur` is defined, so it cannot be
+switched on inside a shared pytest process). Without either they are skipped here, and
+``tests/test_flashcur.py::test_kernels_under_the_interpreter`` runs this file in a subprocess with
+the variable set — so the default suite always exercises them. Shapes are tiny (the interpreter is
+~60× slower than torch); the wider sweep is ``slow``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = pytest.mark.skipif(
+    not (INTERPRETER or torch.cuda.is_available()),
+    reason="needs CUDA or TRITON_INTERPRET=1 at start-up; run by test_flashcur.py::test_kernels_under_the_interpreter",
+)
+DEVICE = "cpu" if INTERPRETER or not torch.cuda.is_available() else "cuda"
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmuls():
+    """CUR's reference matmuls in plain fp32 (no TF32 on GPU), like the kernels' ``ieee`` dots."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def make_inputs(batch, heads, n, d, pad_last: int, seed=0, dtype=torch.float32):
+    """Random ``q, k, v`` ``(B, H, n, d)`` (grad-enabled) and a mask with ``pad_last`` pads in the last sequence."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, n, d, generator=generator).to(DEVICE, dtype).requires_grad_() for _ in range(3))
+    key_mask = torch.ones(batch, n, dtype=torch.bool, device=DEVICE)
+    key_mask[-1, n - pad_last:] = False
+    return q, k, v, key_mask
+
+
+def dense_cur(q, k, v, key_mask, index, pinv_iters, overwrite_rows=True):
+    """DESIGN §2 written out densely per (batch, head) in float64 (I = J, all selected tokens real)."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            Q, K, V = (x[b, h].detach().double().cpu() for x in (q, k, v))
+            idx = index[b, h].cpu()
+            scores = Q @ K.T / math.sqrt(Q.shape[1])  # (n, n)
+            C = torch.softmax(scores[:, idx], dim=1)
+            R = torch.softmax(scores[idx].masked_fill(~key_mask[b].cpu(), -math.inf), dim=1)
+            U = C[idx]
+            Z = U.T / (U.abs().sum(0).max() * U.abs().sum(1).max())
+            eye = torch.eye(len(idx), dtype=torch.float64)
+            for _ in range(pinv_iters):
+                UZ = U @ Z
+                Z = 0.25 * Z @ (13 * eye - UZ @ (15 * eye - UZ @ (7 * eye - UZ)))
+            Y = C @ (Z @ (R @ V))
+            if overwrite_rows:
+                Y[idx] = R @ V
+            out[b, h] = Y
+    return out
+
+
+def test_each_kernel_matches_its_equation():
+    """Kernels (a), (b), (c) on their own: RV and its lse, U, and softmax(QK_Jᵀ)W with rows I replaced."""
+    from kernels import flashcur
+
+    q, k, v, key_mask = make_inputs(2, 2, 37, 24, pad_last=9)
+    index = torch.stack([torch.randperm(28)[:16] for _ in range(4)]).view(2, 2, 16).to(DEVICE)
+    rows = lambda x: x.detach().gather(2, index[..., None].expand(-1, -1, -1, x.shape[-1])).contiguous()  # noqa: E731
+    q_sel, k_sel = rows(q), rows(k)
+    valid = torch.ones(2, 2, 16, dtype=torch.bool, device=DEVICE)
+    valid[..., -3:] = False
+    scale = 24**-0.5
+    logits_r = (q_sel @ k.detach().transpose(-1, -2) * scale).masked_fill(~key_mask[:, None, None, :], -math.inf)
+    rv, lse = flashcur.rv_forward(q_sel, k.detach(), v.detach(), key_mask)
+    torch.testing.assert_close(rv, torch.softmax(logits_r, -1) @ v.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, torch.logsumexp(logits_r, -1) / math.log(2), atol=1e-5, rtol=1e-5)
+    logits_u = (q_sel @ k_sel.transpose(-1, -2) * scale).masked_fill(~valid[:, :, None, :], -math.inf)
+    torch.testing.assert_close(flashcur.u_forward(q_sel, k_sel, valid), torch.softmax(logits_u, -1), atol=1e-6, rtol=1e-5)
+    w = torch.randn(2, 2, 16, 24, device=DEVICE)
+    slot = torch.full((2, 2, 37), -1, dtype=torch.int32, device=DEVICE)
+    slot.scatter_(2, index, torch.arange(16, dtype=torch.int32, device=DEVICE).expand(2, 2, 16).contiguous())
+    y, _ = flashcur.out_forward(q.detach(), k_sel, valid, w, rv, slot)
+    logits_c = (q.detach() @ k_sel.transpose(-1, -2) * scale).masked_fill(~valid[:, :, None, :], -math.inf)
+    expected = (torch.softmax(logits_c, -1) @ w).scatter(2, index[..., None].expand(-1, -1, -1, 24), rv)
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_forward_matches_an_independent_dense_reference():
+    """n = 37 (not a multiple of the tile), head_dim 24 (masked tile columns), padding, m = 16."""
+    from attention.flashcur import flashcur_attention
+    from attention.selection import select_indices
+
+    q, k, v, key_mask = make_inputs(2, 2, 37, 24, pad_last=10)
+    index_q, index_k = select_indices(q, k, key_mask, 16, "abs", True, 0, False)
+    out = flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref = dense_cur(q, k, v, key_mask, index_q, pinv_iters=6)
+    assert (out.detach().cpu().double() - ref).abs().max() <= 1e-4
+
+
+CASES = [  # (batch, heads, n, head_dim, m, pad_last, selection, same_indices, overwrite_rows)
+    (2, 2, 37, 24, 16, 10, "abs", True, True),
+    (1, 2, 50, 32, 32, 7, "sum", False, True),
+    (2, 1, 21, 16, 16, 0, "abs", True, False),
+    (2, 1, 12, 16, 16, 4, "abs", True, True),  # n < m and n_real < m: CUR = exact attention
+]
+SLOW_CASES = [
+    (2, 2, 130, 64, 64, 33, "abs", True, True),
+    (1, 2, 200, 128, 128, 50, "step", True, True),
+    (1, 1, 97, 48, 48, 5, "embed", False, True),  # m = 48 padded up to 64
+    (2, 2, 70, 80, 32, 0, "random", False, False),
+]
+
+
+def compare_with_cur(batch, heads, n, d, m, pad_last, selection, same, overwrite):
+    """Max |Δout| and max relative |Δgrad| (per q, k, v) of FlashCUR vs ``attention.cur.cur_attention``."""
+    from attention.cur import cur_attention
+    from attention.flashcur import flashcur_attention
+    from attention.selection import select_indices
+
+    q, k, v, key_mask = make_inputs(batch, heads, n, d, pad_last)
+    generator = torch.Generator(device=DEVICE).manual_seed(1)
+    index_q, index_k = select_indices(q, k, key_mask, m, selection, same, 0, False, generator)
+    ref = cur_attention(q, k, v, key_mask, index_q, index_k, None, 6, overwrite)
+    out = flashcur_attention(q, k, v, key_mask, index_q, index_k, 6, overwrite)
+    grad_out = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    rel = [((g - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref_grads)]
+    return (out - ref).abs().max().item(), rel
+
+
+def check_case(case):
+    error, grad_errors = compare_with_cur(*case)
+    print(f"case {case}: max |Δy| = {error:.2e}, max rel |Δgrad| (q, k, v) = {[f'{e:.2e}' for e in grad_errors]}")
+    assert error <= 1e-4
+    assert max(grad_errors) <= 1e-3
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"n{c[2]}-d{c[3]}-m{c[4]}-{c[6]}")
+def test_forward_and_gradients_match_cur(case):
+    check_case(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_CASES, ids=lambda c: f"n{c[2]}-d{c[3]}-m{c[4]}-{c[6]}")
+def test_forward_and_gradients_match_cur_wider(case):
+    check_case(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_inputs_stay_close_to_float32(dtype):
+    """fp16/bf16 q, k, v (fp32 accumulation) against CUR on the same inputs in float32."""
+    from attention.cur import cur_attention
+    from attention.flashcur import flashcur_attention
+    from attention.selection import select_indices
+
+    q, k, v, key_mask = make_inputs(1, 2, 45, 32, pad_last=6)
+    index_q, index_k = select_indices(q, k, key_mask, 16, "abs", True, 0, False)
+    ref = cur_attention(q, k, v, key_mask, index_q, index_k, None, 6, True)
+    out = flashcur_attention(*(x.detach().to(dtype) for x in (q, k, v)), key_mask, index_q, index_k, 6, True)
+    assert out.dtype == dtype
+    assert (out.float() - ref).abs().max() <= (2e-2 if dtype == torch.float16 else 6e-2)
+
+
+def test_backward_saves_no_n_by_m_tensor():
+    """Bytes saved for backward beyond q, k, v (saved-tensor hook), per (sequence, head).
+
+    CUR keeps C (n×m) and R (m×n); FlashCUR keeps O(n) log-sum-exps and row slots plus m×d, m×m tensors.
+    """
+    from attention.cur import cur_attention
+    from attention.flashcur import flashcur_attention
+    from attention.selection import select_indices
+
+    batch, heads, n, d, m = 1, 2, 512, 16, 16
+    q, k, v, key_mask = make_inputs(batch, heads, n, d, pad_last=0)
+    index_q, index_k = select_indices(q, k, key_mask, m, "abs", True, 0, False)
+    inputs = {x.untyped_storage().data_ptr() for x in (q, k, v)}
+
+    def saved_bytes(fn) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(q, k, v, key_mask, index_q, index_k)
+        return sum(size for ptr, size in seen.items() if ptr not in inputs) // (batch * heads)
+
+    cur = saved_bytes(lambda *a: cur_attention(*a, None, 6, True))
+    flash = saved_bytes(lambda *a: flashcur_attention(*a, 6, True))
+    print(f"saved beyond q, k, v per head (n={n}, d={d}, m={m}): CUR {cur} B, FlashCUR {flash} B")
+    n_by_m = n * m * 4  # one float32 n×m matrix
+    assert cur >= 2 * n_by_m
+    assert flash < n_by_m / 2
