@@ -66,3 +66,20 @@ def bf16_training_step(attention_overrides: list[str]) -> None:
     assert torch.isfinite(loss)
     for name, param in model.named_parameters():
         assert param.grad is not None and torch.isfinite(param.grad).all(), f"non-finite grad in {name}"
+
+
+def low_and_full_rank_qk(batch=2, heads=2, n=256, d=16, rank=2, scale=0.5, seed=0):
+    """``(q, k)`` pairs with rows of norm ``scale·√d``: full-rank random, and confined to a ``rank``-dim subspace
+    (then ``exp(QKᵀ/√d)`` has a fast-decaying spectrum: numerical rank ≈ a few × ``rank``, below m)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def rows_of_norm(x):
+        return x / x.norm(dim=-1, keepdim=True) * scale * d**0.5
+
+    full = tuple(rows_of_norm(torch.randn(batch, heads, n, d, generator=generator, dtype=torch.float64)) for _ in range(2))
+    basis = torch.linalg.qr(torch.randn(d, rank, generator=generator, dtype=torch.float64))[0].T  # (rank, d)
+    low = tuple(
+        rows_of_norm(torch.randn(batch, heads, n, rank, generator=generator, dtype=torch.float64) @ basis)
+        for _ in range(2)
+    )
+    return low, full
