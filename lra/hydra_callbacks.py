@@ -45,10 +45,18 @@ def missing_options(overrides: list[str], group_options: Callable[[str], list[st
     return problems
 
 
-def hydra_group_options(group: str) -> list[str]:
-    """Options of a config group in the running Hydra's search path ([] when ``group`` is not a group)."""
+def hydra_group_options(config: DictConfig) -> Callable[[str], list[str]]:
+    """``group -> options`` in the running Hydra's search path, including ``hydra.searchpath`` additions."""
     loader = GlobalHydra.instance().config_loader()
-    return loader.get_group_options(group) if loader.repository.group_exists(group) else []
+    hydra_overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.hydra", default=[])]
+    config_name = OmegaConf.select(config, "hydra.job.config_name", default=None)
+
+    def options(group: str) -> list[str]:
+        if not loader.repository.group_exists(group) and not any("searchpath" in o for o in hydra_overrides):
+            return []
+        return loader.get_group_options(group, config_name=config_name, overrides=hydra_overrides)
+
+    return options
 
 
 def local_ddp_problem(config: DictConfig) -> str | None:
@@ -69,7 +77,7 @@ class FailOnFailedJobs(Callback):
     After it: read every ``results.json`` under the sweep dir and exit 1 if any job failed."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problems = missing_options(sweep_overrides(config), hydra_group_options)
+        problems = missing_options(sweep_overrides(config), hydra_group_options(config))
         ddp = local_ddp_problem(config)
         problems += [ddp] if ddp else []
         if problems:

@@ -47,7 +47,8 @@ def job_overrides() -> list[str]:
 def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> Path:
     """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics.
 
-    Under DDP only global rank 0 writes (every rank returns the same path).
+    Beside it, ``config_resolved.yaml`` (every interpolation resolved; Hydra's ``.hydra/config.yaml``
+    keeps them unresolved). Under DDP only global rank 0 writes (every rank returns the same path).
     """
     path = Path(run_dir) / "results.json"
     if rank_zero_only.rank != 0:
@@ -69,6 +70,10 @@ def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) ->
         "config": OmegaConf.to_container(cfg, resolve=False),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        (path.parent / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    except Exception as error:  # an unresolvable value is often why the run failed: keep results.json
+        record["config_resolve_error"] = f"{type(error).__name__}: {error}"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str))
     tmp.replace(path)
