@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from attention.linear import DeltaRuleAttention, EluLinearAttention
 from attention.liza import LiZAAttention
 from attention.window import sliding_window_softmax
-from conftest import compose_config, run_cli
+from tests.conftest import compose_config, run_cli
 from lra.callbacks import MemoryGateSchedule
 from lra.checkpoints import load_transferred_weights
 from lra.module import build_model, build_module

@@ -9,11 +9,20 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from conftest import compose_config, run_cli
+from omegaconf import OmegaConf
+
+from tests.conftest import CONFIG_DIR, compose_config, run_cli
 from lra.finetune import apply_lora, merge_lora
 from lra.module import build_model, build_module
 
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def lora_override() -> str:
+    """``finetune=lora`` once ``configs/train.yaml`` lists the finetune group in its defaults, else ``+finetune=lora``."""
+    defaults = OmegaConf.to_container(OmegaConf.load(f"{CONFIG_DIR}/train.yaml").defaults)
+    listed = any("finetune" in key for entry in defaults if isinstance(entry, dict) for key in entry)
+    return "finetune=lora" if listed else "+finetune=lora"
 
 
 def is_trainable(name: str) -> bool:
@@ -21,7 +30,7 @@ def is_trainable(name: str) -> bool:
 
 
 def test_training_step_changes_only_adapters_and_head(tiny_listops_overrides, tmp_path):
-    cfg = compose_config([*tiny_listops_overrides, "attention=liza", "attention/linear=delta", "+finetune=lora"], tmp_path)
+    cfg = compose_config([*tiny_listops_overrides, "attention=liza", "attention/linear=delta", lora_override()], tmp_path)
     L.seed_everything(0)
     module = build_module(cfg)
     module.model = instantiate(cfg.finetune)(module.model)
@@ -47,7 +56,7 @@ def test_training_step_changes_only_adapters_and_head(tiny_listops_overrides, tm
 
 
 def test_adapters_start_as_identity_and_respect_the_config():
-    cfg = compose_config(["attention=liza", "+finetune=lora"])
+    cfg = compose_config(["attention=liza", lora_override()])
     model = build_model(cfg)
     inputs, mask = torch.randint(1, 17, (2, 30)), torch.ones(2, 30, dtype=torch.bool)
     model.eval()
@@ -77,7 +86,7 @@ def test_cli_converts_softmax_checkpoint_to_liza_delta_with_lora(tiny_listops_ov
     run_dir = tmp_path / "liza"
     result = run_cli(
         ["-m", "lra.train", *tiny_listops_overrides, "attention=liza", "attention/linear=delta",
-         "attention.linear.chunk_size=16", f"init_from={ckpt}", "+finetune=lora", f"hydra.run.dir={run_dir}"],
+         "attention.linear.chunk_size=16", f"init_from={ckpt}", lora_override(), f"hydra.run.dir={run_dir}"],
         env=SINGLE_THREAD,
     )
     assert result.returncode == 0, result.stderr[-3000:]
