@@ -1,0 +1,102 @@
+"""Nyström attention (Xiong et al. 2021) against dense softmax attention written in the test."""
+
+import pytest
+import torch
+
+from attention import build_attention
+from attention.nystrom import NystromAttention, segment_means
+from tests.attention_reference import (
+    assert_padding_invariant,
+    bf16_training_step,
+    dense_softmax_weights,
+    low_and_full_rank_qk,
+    max_real_error,
+    padded_mask,
+    random_qkv,
+)
+from tests.conftest import compose_config
+
+
+def test_segment_means_are_mask_aware_with_mixed_sizes():
+    x = torch.arange(2 * 1 * 10 * 1, dtype=torch.float64).view(2, 1, 10, 1)
+    mask = padded_mask(2, 10, [10, 7])
+    means, valid = segment_means(x, mask, 3)
+    # ranks r -> segment r*3//n_real: 10 real -> sizes 4,3,3; 7 real -> sizes 3,2,2 (pads never included)
+    assert means[0, 0, :, 0].tolist() == [1.5, 5.0, 8.0]
+    assert means[1, 0, :, 0].tolist() == [11.0, 13.5, 15.5]
+    assert valid.all()
+    _, valid = segment_means(x, padded_mask(2, 10, [10, 2]), 3)
+    assert valid[1].tolist() == [True, True, False]  # ranks 0, 1 -> segments 0, 1
+
+
+@pytest.mark.parametrize("lengths", [[40, 40], [40, 23]])
+def test_equals_exact_attention_when_every_real_token_is_a_landmark(lengths):
+    q, k, v = random_qkv(n=40, d=8)
+    mask = padded_mask(2, 40, lengths)
+    attn = NystromAttention(2, 8, num_landmarks=40, pinv_iters=30, conv_kernel_size=None)
+    error = max_real_error(attn(q, k, v, mask), dense_softmax_weights(q, k, mask) @ v, mask)
+    assert error < 1e-5
+
+
+def test_low_rank_inputs_are_approximated_far_better_than_full_rank():
+    (q_low, k_low), (q_full, k_full) = low_and_full_rank_qk()
+    v = random_qkv(n=256, d=16)[2]
+    mask = padded_mask(2, 256, [256, 200])
+    attn = NystromAttention(2, 16, num_landmarks=16, pinv_iters=20, conv_kernel_size=None)
+    low = max_real_error(attn(q_low, k_low, v, mask), dense_softmax_weights(q_low, k_low, mask) @ v, mask)
+    full = max_real_error(attn(q_full, k_full, v, mask), dense_softmax_weights(q_full, k_full, mask) @ v, mask)
+    assert low * 8 < full, (low, full)
+
+
+@pytest.mark.parametrize("n", [37, 64, 101])
+def test_any_length_and_conv_adds_a_depthwise_term(n):
+    q, k, v = random_qkv(batch=1, n=n, d=8)
+    mask = padded_mask(1, n, [n - 3])
+    with_conv = NystromAttention(2, 8, num_landmarks=8, conv_kernel_size=5).double()
+    without = NystromAttention(2, 8, num_landmarks=8, conv_kernel_size=None)
+    expected_conv = torch.zeros_like(v)
+    weight = with_conv.conv.weight[:, 0, :, 0]  # (H, 5)
+    masked_v = v * mask[:, None, :, None]
+    for h in range(2):
+        for i in range(n):
+            for t in range(5):
+                j = i + t - 2
+                if 0 <= j < n:
+                    expected_conv[0, h, i] += weight[h, t] * masked_v[0, h, j]
+    assert torch.allclose(with_conv(q, k, v, mask) - without(q, k, v, mask), expected_conv, atol=1e-10)
+
+
+def test_padding_invariance():
+    assert_padding_invariant(NystromAttention(2, 8, num_landmarks=6, conv_kernel_size=5))
+    assert_padding_invariant(NystromAttention(2, 8, num_landmarks=64, conv_kernel_size=None))
+
+
+def test_gradcheck():
+    q, k, v = (x.requires_grad_() for x in random_qkv(batch=1, n=9, d=3))
+    mask = padded_mask(1, 9, [7])
+    attn = NystromAttention(2, 3, num_landmarks=3, pinv_iters=3, conv_kernel_size=3).double()
+    assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, mask), (q, k, v))
+
+
+def test_bf16_training_step_is_finite():
+    bf16_training_step(["attention=nystromformer", "attention.num_landmarks=8"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("attention.num_landmarks=0", "num_landmarks"),
+        ("attention.pinv_iters=-2", "pinv_iters"),
+        ("attention.conv_kernel_size=4", "conv_kernel_size"),
+    ],
+)
+def test_bad_config_is_a_clear_error_at_build_time(override, message):
+    with pytest.raises(ValueError, match=message):
+        build_attention(compose_config(["attention=nystromformer", override]).attention, 2, 32)
+
+
+def test_config_defaults():
+    attn = build_attention(compose_config(["attention=nystromformer"]).attention, 2, 32)
+    assert attn.num_landmarks == 64 and attn.pinv_iters == 6 and attn.conv.kernel_size == (35, 1)
+    attn = build_attention(compose_config(["attention=nystromformer", "attention.conv_kernel_size=null"]).attention, 2, 32)
+    assert attn.conv is None
