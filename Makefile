@@ -21,6 +21,7 @@ test: setup
 	$(PYTHON) -m pytest -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-slow: setup
+	$(PYTHON) -m pip install --quiet -r requirements-data.txt
 	$(PYTHON) -m pytest -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 clean:

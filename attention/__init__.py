@@ -32,6 +32,8 @@ def build_attention(cfg: DictConfig, num_heads: int, head_dim: int) -> nn.Module
             f"attention config has no _target_ (keys: {sorted(cfg.keys())}); "
             "pick one of configs/attention/*.yaml, e.g. attention=softmax"
         )
-    node = OmegaConf.masked_copy(cfg, [key for key in cfg.keys() if key not in DESCRIPTIVE_KEYS])
+    # Resolve against the whole run config first: nodes may interpolate (e.g. ${task.max_length}).
+    container = OmegaConf.to_container(cfg, resolve=True)
+    node = OmegaConf.create({key: value for key, value in container.items() if key not in DESCRIPTIVE_KEYS})
     factory = instantiate(node, _partial_=True)
     return factory(num_heads=num_heads, head_dim=head_dim)

@@ -46,10 +46,12 @@ class MultiHeadAttention(nn.Module):
 class TransformerBlock(nn.Module):
     """``x + Attn(LN(x))`` then ``x + FFN(LN(x))`` (pre-LN, GELU FFN, dropout on both residual branches)."""
 
+    attention_class = MultiHeadAttention  # subclasses swap in their own multi-head wrapper
+
     def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention: DictConfig):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads, attention)
+        self.attn = self.attention_class(d_model, num_heads, attention)
         self.norm2 = nn.LayerNorm(d_model)
         self.ffn = nn.Sequential(
             nn.Linear(d_model, ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model)

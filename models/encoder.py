@@ -53,13 +53,17 @@ class Encoder(nn.Module):
         self.head = head(d_model=d_model, num_classes=num_classes)
         self.max_length = max_length
 
-    def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
-        """``(B, n)`` ids and mask -> pooled features ``(B, d_model)``."""
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``(B, n)`` ids -> token + position embeddings ``(B, n, d_model)`` (after dropout)."""
         n = input_ids.shape[-1]
         if n > self.max_length:
             raise ValueError(f"sequence of {n} tokens exceeds the model's max_length={self.max_length} (task.max_length)")
         positions = torch.arange(n, device=input_ids.device)
-        x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
+        return self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
+
+    def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
+        """``(B, n)`` ids and mask -> pooled features ``(B, d_model)``."""
+        x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x, key_mask, aux_losses)
         return masked_mean(self.final_norm(x), key_mask)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from attention.proxyformer import ProxyAttention
@@ -52,9 +52,7 @@ class ProxyMultiHeadAttention(MultiHeadAttention):
 class ProxyBlock(TransformerBlock):
     """Pre-LN block over ``[P; X]``: ``x + Attn(LN(x))`` then ``x + FFN(LN(x))`` on all m + n rows."""
 
-    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention: DictConfig):
-        super().__init__(d_model, num_heads, ffn_dim, dropout, attention)
-        self.attn = ProxyMultiHeadAttention(d_model, num_heads, attention)
+    attention_class = ProxyMultiHeadAttention
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict[str, torch.Tensor]) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.norm1(x), key_mask, aux_losses))
@@ -69,9 +67,6 @@ class ProxyEncoder(Encoder):
     """
 
     def __init__(self, *args, attention: DictConfig, block, **kwargs):
-        # Resolve before the blocks copy the node: attention.build_attention copies it without its parent,
-        # which breaks interpolations into the run config (configs/experiment/proxyformer_table3.yaml).
-        attention = OmegaConf.create(OmegaConf.to_container(attention, resolve=True))
         super().__init__(*args, attention=attention, block=block, **kwargs)
         first = self.blocks[0]
         if not isinstance(first, ProxyBlock):
@@ -84,11 +79,7 @@ class ProxyEncoder(Encoder):
 
     def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
         """``(B, n)`` ids and mask -> pooled features ``(B, d_model)`` over the input rows only."""
-        n = input_ids.shape[-1]
-        if n > self.max_length:
-            raise ValueError(f"sequence of {n} tokens exceeds the model's max_length={self.max_length} (task.max_length)")
-        positions = torch.arange(n, device=input_ids.device)
-        x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
+        x = self.embed(input_ids)
         batch, m = x.shape[0], self.proxies.shape[0]
         proxies = self.proxy_attention.inject(self.proxies.expand(batch, -1, -1), x, key_mask)  # (B, m, d)
         h = torch.cat([proxies, x], dim=1)  # (B, m + n, d)

@@ -29,7 +29,8 @@ def compose_config(overrides: list[str], output_dir: Path | str | None = None) -
 
 def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python <args>`` as a user would (real Hydra, Lightning, W&B offline); stdout+stderr captured."""
-    environment = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    # One thread: tiny models gain nothing from more, and test processes share 2 cores.
+    environment = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, *args], cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=environment
     )
