@@ -205,3 +205,11 @@ def test_mega_checkpoint_evaluates_as_megacur_through_the_cli(tiny_listops_overr
     results = json.loads((evaluation / "results.json").read_text())
     assert results["status"] == "completed" and results["skipped"] == [] and results["initialised"] == []
     assert results["config"]["attention"]["approximation"]["_target_"] == "attention.mega.CUR"
+
+
+def test_transfer_experiment_composes_for_both_steps():
+    """experiment=mega_transfer trains MEGA at its LRA sizes; the same experiment + attention=megacur evaluates."""
+    train = compose_config(["experiment=mega_transfer"])
+    assert (train.task.name, train.attention.name, train.model.d_model, train.model.num_layers) == ("listops", "mega", 80, 6)
+    evaluate = compose_config(["experiment=mega_transfer", "attention=megacur"])
+    assert evaluate.attention.approximation._target_ == "attention.mega.CUR" and evaluate.model.d_model == 80
