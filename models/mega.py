@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from attention import build_attention
@@ -61,9 +61,7 @@ class MegaBlock(nn.Module):
         self.h_proj = nn.Linear(hidden_dim, d_model)
         self.qk_gamma = nn.Parameter(torch.randn(2, z_dim) * 0.02)
         self.qk_beta = nn.Parameter(torch.zeros(2, z_dim))
-        # resolve ${task.max_length} while the node is still attached to the run config
-        resolved = OmegaConf.create(OmegaConf.to_container(attention, resolve=True))
-        self.attend = build_attention(resolved, num_heads=1, head_dim=z_dim)
+        self.attend = build_attention(attention, num_heads=1, head_dim=z_dim)
         self.ffn_norm = nn.LayerNorm(d_model)
         self.ffn = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.SiLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model))
         self.dropout = nn.Dropout(dropout)

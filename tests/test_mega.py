@@ -151,7 +151,7 @@ def test_attention_choice_switches_the_model_to_mega(name):
 
 def test_mega_attention_in_a_transformer_block_is_a_clear_error():
     with pytest.raises(ValueError, match="single-head"):
-        build_model(compose_config(["attention=mega", "model=encoder", "attention.max_positions=200"]))
+        build_model(compose_config(["attention=mega", "model=encoder"]))
 
 
 def test_too_short_bias_table_is_a_clear_error():
