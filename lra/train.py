@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lra.checkpoints import load_transferred_weights
 from lra.module import build_module
-from lra.results import write_results
+from lra.results import job_overrides, write_results
 
 log = logging.getLogger("lra.train")
 
@@ -54,7 +54,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         module.model = instantiate(cfg.finetune)(module.model)
     trainer = build_trainer(cfg, run_dir)
     for logger in trainer.loggers:
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": job_overrides()})
     last = run_dir / "checkpoints" / "last.ckpt"
     resumed_from_step = None
     if last.exists():
@@ -70,7 +70,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "test_acc": float(test_metrics["test/acc"]),
         "steps": trainer.global_step,
         "train_time_s": train_time,
-        "samples_per_s": module.samples_seen / train_time if train_time > 0 else None,
+        "samples_per_s": module.samples_seen * trainer.world_size / train_time if train_time > 0 else None,
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if has_best else None,
         "resumed_from_step": resumed_from_step,
     }

@@ -4,7 +4,6 @@ sweeps naming configs that do not exist, every experiment config, submitit_local
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml

@@ -103,7 +103,7 @@ def test_a_malformed_metadata_line_names_file_and_line(tmp_path):
     write_pathfinder(root, count=10)
     with (root / "metadata" / "0.npy").open("a") as handle:
         handle.write("imgs/0 sample_1.png 1 maybe\n")
-    with pytest.raises(ValueError, match=rf"0.npy:6: expected 'imgs/<batch> sample_<i>.png <index> <label 0\|1>"):
+    with pytest.raises(ValueError, match=r"0.npy:6: expected 'imgs/<batch> sample_<i>.png <index> <label 0\|1>"):
         module(root).load_split("train")
 
 
