@@ -8,7 +8,6 @@ job records ``status: failed`` and the sweep goes on; the sweep exits non-zero a
 
 from __future__ import annotations
 
-import logging
 import time
 import traceback
 from pathlib import Path
@@ -25,7 +24,6 @@ from lra.checkpoints import load_transferred_weights
 from lra.module import build_module
 from lra.results import job_overrides, write_results
 
-log = logging.getLogger("lra.train")
 
 
 def validate(cfg: DictConfig) -> None:
