@@ -74,7 +74,7 @@ def cur_attention(
         rv = r @ v  # (B, H, m, d)
         y = c @ (iterative_pinv(u, pinv_iters) @ rv)  # (B, H, n, d)
         if overwrite_rows:
-            y = y.scatter(2, index_q[..., None].expand_as(rv), rv)
+            y = y.scatter_(2, index_q[..., None].expand_as(rv), rv)
     return y.to(out_dtype)
 
 

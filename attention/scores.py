@@ -24,19 +24,43 @@ import torch
 from torch import nn
 
 
+class InplaceSoftmax(torch.autograd.Function):
+    """Row softmax written into its input ``(..., b)`` (a fresh logits tensor nobody else needs).
+
+    Saves one ``a × b`` allocation per call (on CPU a fresh 16 MB tensor costs more in page faults
+    than the softmax itself); backward is the usual ``y ⊙ (g − Σ_b g ⊙ y)``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor) -> torch.Tensor:
+        logits.sub_(logits.amax(-1, keepdim=True)).exp_()
+        logits.div_(logits.sum(-1, keepdim=True))
+        ctx.mark_dirty(logits)
+        ctx.save_for_backward(logits)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (weights,) = ctx.saved_tensors
+        grad_weights = grad * weights
+        return grad_weights.sub_(weights * grad_weights.sum(-1, keepdim=True))
+
+
 def masked_softmax(logits: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last dim of ``logits`` ``(B, H, a, b)``; masked keys get exactly 0.
 
-    Masked logits are set to the dtype's lowest finite value, so ``exp`` underflows to 0 whenever a
-    row has a real key; rows with no real key at all are zeroed explicitly (instead of NaN).
+    ``logits`` is overwritten **in place** (pass a fresh tensor, e.g. a matmul output; autograd
+    raises if it were needed elsewhere). Masked logits are set to the dtype's lowest finite value,
+    so ``exp`` underflows to 0 whenever a row has a real key; rows with no real key at all are
+    zeroed explicitly (instead of NaN).
     """
-    if key_mask is None:
-        return torch.softmax(logits, dim=-1)
-    logits = logits.masked_fill(~key_mask, torch.finfo(logits.dtype).min)
-    weights = torch.softmax(logits, dim=-1)
-    has_key = key_mask.any(-1, keepdim=True)
-    if not bool(has_key.all()):
-        weights = weights * has_key
+    if key_mask is not None and not bool(key_mask.all()):
+        logits = logits.masked_fill_(~key_mask, torch.finfo(logits.dtype).min)
+    weights = InplaceSoftmax.apply(logits)
+    if key_mask is not None:
+        has_key = key_mask.any(-1, keepdim=True)
+        if not bool(has_key.all()):
+            weights = weights * has_key
     return weights
 
 
@@ -44,7 +68,11 @@ class SoftmaxScore(nn.Module):
     """``softmax(Q Kᵀ / √d + mask)`` (Vaswani et al. 2017, eq. 1)."""
 
     def forward(self, q, k, key_mask=None, q_index=None, k_index=None) -> torch.Tensor:
-        logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, H, a, b)
+        scale = q.shape[-1] ** -0.5
+        if q.shape[-2] <= k.shape[-2]:  # scale the smaller operand: no extra n × d or n × m tensor
+            logits = (q * scale) @ k.transpose(-1, -2)  # (B, H, a, b)
+        else:
+            logits = q @ (k * scale).transpose(-1, -2)
         return masked_softmax(logits, key_mask)
 
 
