@@ -1,0 +1,3 @@
+"""Benchmarks: ``python -m lra.bench attention`` (latency / FLOPs / memory of every attention variant vs n)
+and ``python -m lra.bench train`` (training and inference throughput and peak memory of each variant's real
+model, as ratios to the softmax Transformer). See docs/bench.md."""

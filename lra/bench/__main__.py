@@ -1,0 +1,35 @@
+"""``python -m lra.bench {attention,train} [options]`` (``--help`` on each subcommand lists them)."""
+
+from __future__ import annotations
+
+import argparse
+
+from lra.bench import attention, train
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+    for name, module in (("attention", attention), ("train", train)):
+        sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("--variants", nargs="+", default=None,
+                         help="names of configs/attention/*.yaml (default: all); softmax is always included")
+        sub.add_argument("--variant-overrides", nargs="*", default=["liza:base_window=256"], metavar="NAME:KEY=VALUE",
+                         help="extra rows: a variant with its own config keys overridden, e.g. liza:base_window=256 "
+                              "(default); pass --variant-overrides with no value for none")
+        sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+        sub.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (GPU users)")
+        sub.add_argument("--out", default=None, help="output folder (default: bench_results/<timestamp>/)")
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return root
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

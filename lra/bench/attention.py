@@ -1,0 +1,144 @@
+"""``python -m lra.bench attention``: latency, FLOPs, saved-for-backward bytes and memory of every variant vs n.
+
+For each length n and each row of :func:`lra.bench.cases.build_cases` (every config in
+``configs/attention/``, at ``core`` or ``layer`` level, plus the references):
+
+* ``fwd_s`` — median forward latency (``torch.no_grad``), ``fwdbwd_s`` — median forward + backward of
+  ``out.sum()`` (+ auxiliary losses), each after ``--warmup`` untimed calls, modules in eval mode
+  (no dropout: the attention computation itself, as in the CUR paper's Fig. 4);
+* ``speedup_fwd``, ``speedup_fwdbwd`` — softmax (SDPA) latency at the same n and level / the row's;
+* ``flops_fwd``, ``flops_fwdbwd`` — ``FlopCounterMode`` totals;
+* ``saved_bytes`` — storages autograd keeps for backward (parameters excluded); ``saved_ratio`` —
+  / that of ``softmax_materialised`` (core level only);
+* ``peak_mem_bytes`` (CUDA only) — ``max_memory_allocated`` during forward + backward above the
+  inputs, ``mem_ratio`` — / softmax's.
+
+Writes ``attention.csv`` and ``attention.png`` (log-log latency and memory vs n) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from lra.bench import common
+from lra.bench.cases import MATERIALISED, Case, build_cases
+
+COLUMNS = [
+    "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "status", "reason",
+    "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "flops_fwd", "flops_fwdbwd",
+    "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096, 8192], help="sequence lengths")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--level", choices=["auto", "layer"], default="auto",
+                        help="auto: attention core for drop-in variants, one-layer model for the others; "
+                             "layer: every variant as a one-layer model")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls (the median is reported)")
+
+
+def objective(case: Case, inputs: tuple) -> torch.Tensor:
+    out, aux = case.forward(*inputs)
+    loss = out.float().sum()
+    return loss if aux is None else loss + aux
+
+
+def measure(case: Case, n: int, args: argparse.Namespace, device: torch.device) -> dict:
+    """Every metric of one case at length n (see the module docstring)."""
+    inputs = case.make_inputs(n)
+    params = list(case.module.parameters()) if case.module is not None else []
+    leaves = [t for t in inputs if t.requires_grad] + [p for p in params if p.requires_grad]
+
+    def forward() -> None:
+        with torch.no_grad(), common.autocast(device, args.dtype):
+            case.forward(*inputs)
+
+    def forward_backward() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+        with common.autocast(device, args.dtype):
+            loss = objective(case, inputs)
+        loss.backward()
+
+    with common.SavedTensorBytes(exclude=params) as saved, common.autocast(device, args.dtype):
+        objective(case, inputs)
+    return {
+        "saved_bytes": saved.bytes,
+        "fwd_s": common.median_seconds(forward, device, args.warmup, args.repeats),
+        "fwdbwd_s": common.median_seconds(forward_backward, device, args.warmup, args.repeats),
+        "flops_fwd": common.count_flops(forward),
+        "flops_fwdbwd": common.count_flops(forward_backward),
+        "peak_mem_bytes": common.cuda_peak_bytes(forward_backward, device),
+    }
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Measure every case at every n, add ratios, write CSV + PNG, print the table; returns the rows."""
+    device = common.resolve_device(args.device)
+    out = Path(args.out) if args.out else common.default_out_dir()
+    variants = common.select_variants(args.variants, args.variant_overrides)
+    cases, skipped = build_cases(variants, args.level, max(args.n), args.batch, args.heads, args.head_dim, device)
+    setting = {"batch": args.batch, "head_dim": args.head_dim, "device": str(device), "dtype": args.dtype}
+    rows = []
+    for n in sorted(args.n):
+        for case in cases:
+            row = {"level": case.level, "variant": case.label, "n": n, "heads": case.heads, **setting}
+            try:
+                row.update(status="ok", **measure(case, n, args, device))
+            except (RuntimeError, ValueError) as error:  # e.g. out of memory: reported, not fatal
+                row.update(status="skipped", reason=str(error).splitlines()[0])
+            print(f"n={n} {case.level}/{case.label}: {row['status']}", flush=True)
+            rows.append(row)
+        rows += [{**skip, "n": n, "heads": args.heads, **setting} for skip in skipped]
+    ok = [row for row in rows if row["status"] == "ok"]
+    common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == common.BASELINE,
+                      {"speedup_fwd": ("fwd_s", True), "speedup_fwdbwd": ("fwdbwd_s", True),
+                       "mem_ratio": ("peak_mem_bytes", False)})
+    common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == MATERIALISED,
+                      {"saved_ratio": ("saved_bytes", False)})
+    common.write_csv(rows, COLUMNS, out / "attention.csv")
+    plot(ok, out / "attention.png", device)
+    print(common.format_table(rows, [
+        ("n", "n", str), ("level", "level", str), ("variant", "variant", str),
+        ("fwd_s", "fwd ms", common.ms), ("speedup_fwd", "fwd ↑", common.times),
+        ("fwdbwd_s", "fwd+bwd ms", common.ms), ("speedup_fwdbwd", "fwd+bwd ↑", common.times),
+        ("flops_fwd", "GFLOP fwd", common.giga), ("saved_bytes", "saved MiB", common.mib),
+        ("saved_ratio", "saved / materialised", lambda v: f"{v:.3f}×"),
+        ("peak_mem_bytes", "peak MiB", common.mib), ("reason", "skipped because", lambda v: v[:90]),
+    ]))
+    print(f"\nwrote {out / 'attention.csv'} and {out / 'attention.png'}")
+    return rows
+
+
+def plot(rows: list[dict], path: Path, device: torch.device) -> Path:
+    """Log-log forward latency and memory vs n, one line per (level, variant) (the CUR paper's Fig. 4)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    memory_key, memory_label = (("peak_mem_bytes", "peak CUDA memory (bytes)") if device.type == "cuda"
+                                else ("saved_bytes", "bytes saved for backward"))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for key in dict.fromkeys((row["level"], row["variant"]) for row in rows):
+        line = sorted((row for row in rows if (row["level"], row["variant"]) == key), key=lambda r: r["n"])
+        label = f"{key[1]} ({key[0]})"
+        left.plot([r["n"] for r in line], [r["fwd_s"] * 1e3 for r in line], marker="o", label=label)
+        right.plot([r["n"] for r in line], [r[memory_key] for r in line], marker="o", label=label)
+    left.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="forward latency (ms)")
+    right.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel=memory_label)
+    left.legend(fontsize=7)
+    fig.suptitle(f"attention benchmark on {device}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

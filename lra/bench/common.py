@@ -1,0 +1,239 @@
+"""What both benchmarks share: variant discovery, config composition, timing, FLOPs, saved-bytes and
+memory counters, ratios against a reference row, CSV/table writing.
+
+Every variant is a file ``configs/attention/<name>.yaml``; nothing here lists names. A variant
+may be benchmarked several times with extra overrides (``--variant-overrides liza:base_window=256``
+adds the row ``liza[base_window=256]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from lra import REPO_ROOT
+
+CONFIG_DIR = REPO_ROOT / "configs"
+ATTENTION_DIR = CONFIG_DIR / "attention"
+BASELINE = "softmax"  # configs/attention/softmax.yaml: the SDPA Transformer every ratio is taken against
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One benchmarked row: the attention config ``name`` plus ``overrides`` of its own keys."""
+
+    name: str
+    overrides: tuple[str, ...] = field(default=())
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}[{','.join(self.overrides)}]" if self.overrides else self.name
+
+    def config_overrides(self) -> list[str]:
+        """Hydra overrides selecting this variant (``attention=<name> attention.<key>=<value> ...``)."""
+        return [f"attention={self.name}", *(f"attention.{item}" for item in self.overrides)]
+
+
+def discover_variants() -> list[str]:
+    """Names of every attention config in ``configs/attention/`` (sub-groups such as ``linear/`` excluded)."""
+    names = sorted(path.stem for path in ATTENTION_DIR.glob("*.yaml"))
+    if BASELINE not in names:
+        raise FileNotFoundError(f"{ATTENTION_DIR / (BASELINE + '.yaml')} is missing: the benchmarks compare against it")
+    return names
+
+
+def select_variants(requested: list[str] | None, override_specs: list[str]) -> list[Variant]:
+    """The baseline first, then ``requested`` (default: every discovered variant), then override rows.
+
+    ``override_specs`` items are ``name:key=value[,key=value]``; a spec whose variant is not selected
+    adds nothing (so ``--variants`` can narrow a run without editing the overrides).
+    """
+    known = discover_variants()
+    unknown = [name for name in requested or [] if name not in known]
+    if unknown:
+        raise ValueError(f"--variants {unknown} not found in {ATTENTION_DIR}; available: {known}")
+    names = [BASELINE, *[name for name in (requested or known) if name != BASELINE]]
+    variants = [Variant(name) for name in names]
+    for spec in override_specs:
+        name, sep, items = spec.partition(":")
+        if not sep or not items or any("=" not in item for item in items.split(",")):
+            raise ValueError(f"--variant-overrides {spec!r}: expected name:key=value[,key=value], e.g. liza:base_window=256")
+        if name not in known:
+            raise ValueError(f"--variant-overrides {spec!r}: no configs/attention/{name}.yaml; available: {known}")
+        if name in names:
+            variants.append(Variant(name, tuple(items.split(","))))
+    return variants
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """``configs/train.yaml`` composed with ``overrides`` (the config ``python -m lra.train`` would run)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``--device``: default CUDA when available, else CPU; asking for CUDA without one is an error."""
+    device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to torch; use --device cpu")
+    return device
+
+
+def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """Autocast to bf16 for ``--dtype bf16``; a no-op for fp32."""
+    return torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "fp32")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls after ``warmup`` untimed calls (CUDA synchronised)."""
+    if repeats < 1:
+        raise ValueError(f"--repeats/--steps must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class SavedTensorBytes(contextlib.AbstractContextManager):
+    """Bytes autograd saves for backward inside the ``with`` block (``torch.autograd.graph.saved_tensors_hooks``).
+
+    Each saved tensor's storage is counted once (views of one storage, or a tensor saved by several
+    ops, are one buffer); storages of ``exclude`` tensors (e.g. parameters, which exist anyway) are
+    not counted. Read ``.bytes`` after the block.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self.excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self.seen: dict[int, int] = {}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda packed: packed)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self.excluded:
+            self.seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.seen.values())
+
+    def __enter__(self) -> "SavedTensorBytes":
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.hooks.__exit__(*exc)
+
+
+def _cpu_sdpa_forward_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_sdpa_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# torch's FLOP registry covers the CUDA SDPA kernels but not the CPU flash kernel; same formulas here.
+CPU_SDPA_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_forward_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
+}
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of ``fn()`` by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, SDPA;
+    elementwise ops, softmax and ``cdist`` are not counted by torch's registry)."""
+    with FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def cuda_peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Peak CUDA memory allocated by ``fn()`` above what was allocated before; None on CPU."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - before)
+
+
+def add_ratios(rows: list[dict], group_keys: tuple[str, ...], reference: Callable[[dict], bool],
+               ratios: dict[str, tuple[str, bool]]) -> None:
+    """Fill ``ratios`` columns in place against the reference row of the same group.
+
+    ``ratios[column] = (metric, invert)``: ``row[column] = ref[metric] / row[metric]`` when ``invert``
+    (speed-up from latencies), else ``row[metric] / ref[metric]``; None where either value is missing.
+    """
+    refs = {tuple(row[key] for key in group_keys): row for row in rows if reference(row)}
+    for row in rows:
+        ref = refs.get(tuple(row[key] for key in group_keys))
+        for column, (metric, invert) in ratios.items():
+            a, b = (ref or {}).get(metric), row.get(metric)
+            ok = a is not None and b is not None and (b if invert else a) > 0
+            row[column] = ((a / b) if invert else (b / a)) if ok else None
+
+
+def write_csv(rows: list[dict], columns: list[str], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str, Callable[[object], str]]]) -> str:
+    """Plain-text table; ``columns`` are ``(key, header, formatter)``; missing values print as ``-``."""
+    cells = [[header for _, header, _ in columns]]
+    cells += [[fmt(row[key]) if row.get(key) is not None else "-" for key, _, fmt in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def default_out_dir() -> Path:
+    """``bench_results/<timestamp with microseconds>/`` in the checkout (git-ignored)."""
+    return REPO_ROOT / "bench_results" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
+
+
+def times(value: float) -> str:
+    return f"{value:.2f}×"
+
+
+def mib(value: float) -> str:
+    return f"{value / 2**20:.1f}"
+
+
+def ms(value: float) -> str:
+    return f"{value * 1e3:.2f}"
+
+
+def giga(value: float) -> str:
+    return f"{value / 1e9:.3f}"
