@@ -1,0 +1,130 @@
+"""``python -m lra.bench train``: training / inference throughput and peak memory of each variant's real model.
+
+For every n and every variant of ``configs/attention/`` (the composed config decides the model: our
+2-layer encoder, Proxyformer's, or MEGA's block), a fresh process (:mod:`lra.bench.train_worker`)
+trains on synthetic batches of the task's shape (random ids in ``task.vocab_size``, full masks,
+``(B, 2, n)`` for two-document tasks) and reports samples/s, inference samples/s and memory.
+Ratios are against the ``softmax`` Transformer of the same run and n, in the papers' format
+(CUR paper Table 2: ``Speed ↑``, ``Peak memory ↓`` as ×; Proxyformer Table 2: inference throughput).
+
+Peak memory is CUDA ``max_memory_allocated`` on GPU; on CPU, bytes saved for backward + parameters,
+gradients and AdamW state (the process's peak RSS is reported beside it, ``RSS ↓``). A variant
+whose process fails (e.g. FlashCUR without CUDA, out of memory, ``--timeout``) is listed as
+skipped with the reason. Writes ``train.csv`` and ``train.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lra import REPO_ROOT
+from lra.bench import common
+
+COLUMNS = [
+    "task", "variant", "n", "batch", "steps", "device", "dtype", "status", "reason",
+    "train_samples_per_s", "speed_ratio", "peak_mem_bytes", "mem_ratio", "infer_samples_per_s", "infer_ratio",
+    "saved_bytes", "state_bytes", "rss_peak_bytes", "rss_delta_bytes", "rss_ratio", "train_step_s", "params",
+]
+RATIOS = {
+    "speed_ratio": ("train_samples_per_s", False), "mem_ratio": ("peak_mem_bytes", False),
+    "infer_ratio": ("infer_samples_per_s", False), "rss_ratio": ("rss_delta_bytes", False),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", default="text", help="a configs/task/*.yaml name (sets vocab, classes, head)")
+    parser.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096], help="sequence lengths (task.max_length)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20, help="timed training steps (and inference forwards)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per (variant, n) before it is skipped")
+
+
+def run_worker(spec: dict, timeout: float) -> dict:
+    """Run :mod:`lra.bench.train_worker` on ``spec`` in a fresh Python; its result, or a skipped status."""
+    with tempfile.TemporaryDirectory(prefix="lra-bench-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps({**spec, "result": str(result_path)}))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "lra.bench.train_worker", str(spec_path)], cwd=REPO_ROOT,
+                                  env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"status": "skipped", "reason": f"over --timeout {timeout:g} s"}
+        if proc.returncode == 0:
+            return {"status": "ok", **json.loads(result_path.read_text())}
+    if proc.returncode < 0:
+        return {"status": "skipped", "reason": f"killed by signal {-proc.returncode} (out of memory? lower --batch)"}
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return {"status": "skipped", "reason": lines[-1] if lines else f"exit code {proc.returncode}"}
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Measure every (variant, n) in its own process, add ratios, write CSV + PNG, print tables; returns the rows."""
+    device = common.resolve_device(args.device)
+    out = Path(args.out) if args.out else common.default_out_dir()
+    variants = common.select_variants(args.variants, args.variant_overrides)
+    setting = {"task": args.task, "batch": args.batch, "steps": args.steps, "device": str(device), "dtype": args.dtype}
+    rows = []
+    for n in sorted(args.n):
+        for variant in variants:
+            spec = {"overrides": [f"task={args.task}", f"task.max_length={n}", *variant.config_overrides()],
+                    "n": n, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
+                    "device": str(device), "dtype": args.dtype}
+            row = {"variant": variant.label, "n": n, **setting, **run_worker(spec, args.timeout)}
+            print(f"n={n} {variant.label}: {row['status']} {row.get('reason', '')}", flush=True)
+            rows.append(row)
+    ok = [row for row in rows if row["status"] == "ok"]
+    common.add_ratios(ok, ("n",), lambda r: r["variant"] == common.BASELINE, RATIOS)
+    common.write_csv(rows, COLUMNS, out / "train.csv")
+    if ok:
+        plot(ok, out / "train.png")
+    memory = "peak CUDA memory" if device.type == "cuda" else "saved-for-backward + params/grads/AdamW"
+    for n in sorted(args.n):
+        print(f"\n{args.task}, n = {n}, batch {args.batch}, {device} {args.dtype} (peak memory: {memory})")
+        print(common.format_table([row for row in rows if row["n"] == n], [
+            ("variant", "Model", str), ("speed_ratio", "Speed ↑", common.times),
+            ("mem_ratio", "Peak memory ↓", common.times), ("rss_ratio", "RSS ↓", common.times),
+            ("infer_ratio", "Inference ↑", common.times),
+            ("train_samples_per_s", "train samples/s", lambda v: f"{v:.2f}"),
+            ("peak_mem_bytes", "peak MiB", common.mib), ("rss_peak_bytes", "RSS MiB", common.mib),
+            ("infer_samples_per_s", "infer samples/s", lambda v: f"{v:.2f}"),
+            ("reason", "skipped because", lambda v: v[:90]),
+        ]))
+    print(f"\nwrote {out / 'train.csv'}" + (f" and {out / 'train.png'}" if ok else ""))
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Bar charts of the three ratios, one group of bars per n, one bar per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({row["n"] for row in rows})
+    labels = list(dict.fromkeys(row["variant"] for row in rows))
+    width = 0.8 / len(labels)
+    panels = [("speed_ratio", "training speed ↑ (× softmax)"), ("mem_ratio", "peak memory ↓ (× softmax)"),
+              ("infer_ratio", "inference throughput ↑ (× softmax)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5))
+    for ax, (key, title) in zip(axes, panels):
+        for i, label in enumerate(labels):
+            values = {row["n"]: row[key] for row in rows if row["variant"] == label and row[key] is not None}
+            ax.bar([j + i * width for j, n in enumerate(lengths) if n in values], [values[n] for n in lengths if n in values],
+                   width, label=label)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], [f"n={n}" for n in lengths])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set(title=title, yscale="log")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

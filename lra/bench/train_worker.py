@@ -1,0 +1,136 @@
+"""One ``lra.bench train`` measurement in a fresh process: ``python -m lra.bench.train_worker SPEC.json``.
+
+``SPEC`` holds ``overrides`` (Hydra, selecting task, length and attention), ``n``, ``batch``,
+``steps``, ``warmup``, ``device``, ``dtype`` and ``result`` (where the JSON result goes). The
+process builds the real model (``lra.module.build_model``) and AdamW (``cfg.optimizer``), then:
+
+1. one untimed training step under :class:`lra.bench.common.SavedTensorBytes` (parameters excluded);
+2. ``warmup`` untimed steps, then ``steps`` timed steps (forward, cross-entropy + auxiliary
+   losses as ``lra.module.LRAModule`` sums them, backward, ``optimizer.step()``), median step time;
+3. inference: eval mode, ``torch.inference_mode``, ``warmup`` then ``steps`` timed forwards.
+
+Memory: ``state_bytes`` = parameters + gradients + optimizer state; on CUDA ``peak_mem_bytes`` is
+``max_memory_allocated`` over the timed steps, on CPU it is ``saved_bytes + state_bytes``;
+``rss_peak_bytes`` is the process's peak resident set (``VmHWM``), ``rss_delta_bytes`` that peak
+minus the resident set after imports. A fresh process per (variant, n) keeps allocator caches of
+one measurement out of the next.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch import nn
+
+from lra.bench import common
+from lra.module import build_model
+
+
+def proc_status(key: str) -> int | None:
+    """``/proc/self/status`` field in bytes (Linux), None elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> None:
+    """Set ``VmHWM`` to the current resident set (Linux ``clear_refs`` 5); harmless where unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def documents_shape(model: nn.Module) -> tuple[int, ...]:
+    """Leading shape of one example's ids: ``()`` for a single-document head, ``(2,)`` for a pair head
+    (Retrieval's ``PairHead`` rejects single-document features with a ValueError)."""
+    d_model = model.token_embedding.embedding_dim
+    try:
+        model.head(torch.zeros(1, d_model))
+        return ()
+    except ValueError:
+        model.head(torch.zeros(1, 2, d_model))
+        return (2,)
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure(spec: dict) -> dict:
+    device = torch.device(spec["device"])
+    rss_start = proc_status("VmRSS")
+    reset_peak_rss()
+    cfg = common.compose_config(spec["overrides"])
+    model = build_model(cfg).to(device).train()
+    optimizer = instantiate(cfg.optimizer)(params=model.parameters())
+    shape = (spec["batch"], *documents_shape(model), spec["n"])
+    ids = torch.randint(0, cfg.task.vocab_size, shape, device=device)
+    mask = torch.ones(shape, dtype=torch.bool, device=device)
+    labels = torch.randint(0, cfg.task.num_classes, (spec["batch"],), device=device)
+    params = list(model.parameters())
+
+    def loss_of_batch() -> torch.Tensor:
+        with common.autocast(device, spec["dtype"]):
+            logits, aux_losses = model(ids, mask)
+            return F.cross_entropy(logits.float(), labels) + sum(aux_losses.values())
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_of_batch().backward()
+        optimizer.step()
+
+    with common.SavedTensorBytes(exclude=params) as saved:
+        loss = loss_of_batch()
+    loss.backward()
+    optimizer.step()
+    del loss
+    for _ in range(spec["warmup"]):
+        train_step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_s = common.median_seconds(train_step, device, 0, spec["steps"])
+    cuda_peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    state = state_bytes(model, optimizer)
+    model.eval()
+
+    def infer() -> None:
+        with torch.inference_mode(), common.autocast(device, spec["dtype"]):
+            model(ids, mask)
+
+    infer_s = common.median_seconds(infer, device, spec["warmup"], spec["steps"])
+    rss_peak = proc_status("VmHWM")
+    return {
+        "train_step_s": step_s,
+        "train_samples_per_s": spec["batch"] / step_s,
+        "infer_samples_per_s": spec["batch"] / infer_s,
+        "saved_bytes": saved.bytes,
+        "state_bytes": state,
+        "peak_mem_bytes": cuda_peak if cuda_peak is not None else saved.bytes + state,
+        "rss_peak_bytes": rss_peak,
+        "rss_delta_bytes": rss_peak - rss_start if rss_peak is not None and rss_start is not None else None,
+        "params": sum(p.numel() for p in params),
+    }
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    result = measure(spec)
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m lra.bench.train_worker SPEC.json (written by python -m lra.bench train)")
+    main(sys.argv[1])
