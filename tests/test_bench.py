@@ -1,0 +1,148 @@
+"""Benchmarks (``python -m lra.bench attention|train``): counters checked by hand, tiny end-to-end runs whose
+ratios are recomputed from the CSV against the softmax row of the same run."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from lra import REPO_ROOT
+from lra.bench import common
+from lra.bench.__main__ import main
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def number(value: str) -> float:
+    return float(value)
+
+
+def test_saved_bytes_counts_each_saved_storage_once():
+    x = torch.randn(3, 5, requires_grad=True)
+    w = torch.randn(5, 7, requires_grad=True)
+    with common.SavedTensorBytes() as saved:
+        x @ w  # mm saves both operands: (3*5 + 5*7) float32 values
+    assert saved.bytes == (3 * 5 + 5 * 7) * 4
+    with common.SavedTensorBytes(exclude=[w]) as saved:
+        x @ w
+    assert saved.bytes == 3 * 5 * 4
+    with common.SavedTensorBytes() as saved:
+        x * x  # x saved twice by one op, a view of x by another: one storage
+        x[:2].exp()
+    exp_output = 2 * 5 * 4  # exp saves its (new) output
+    assert saved.bytes == 3 * 5 * 4 + exp_output
+    with common.SavedTensorBytes() as saved, torch.no_grad():
+        x @ w
+    assert saved.bytes == 0
+
+
+def test_flop_counter_matmul_and_cpu_sdpa():
+    m, k, n = 6, 10, 4
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    assert common.count_flops(lambda: a @ b) == 2 * m * n * k
+    batch, heads, length, dim = 2, 3, 16, 8
+    q = torch.randn(batch, heads, length, dim)
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    flops = common.count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+    assert flops == batch * heads * (2 * length * length * dim) * 2  # Q Kᵀ and A V
+
+
+def test_variants_are_discovered_from_configs():
+    on_disk = sorted(path.stem for path in (REPO_ROOT / "configs" / "attention").glob("*.yaml"))
+    variants = common.select_variants(None, ["liza:base_window=8,dropout=0.0", "curformer:num_landmarks=8"])
+    labels = [v.label for v in variants]
+    assert labels[0] == "softmax"
+    assert sorted(labels[: len(on_disk)]) == on_disk
+    assert labels[len(on_disk):] == ["liza[base_window=8,dropout=0.0]", "curformer[num_landmarks=8]"]
+    assert variants[-2].config_overrides() == ["attention=liza", "attention.base_window=8", "attention.dropout=0.0"]
+    narrowed = common.select_variants(["curformer"], ["liza:base_window=8"])
+    assert [v.label for v in narrowed] == ["softmax", "curformer"]
+    with pytest.raises(ValueError, match="not found"):
+        common.select_variants(["no_such_attention"], [])
+    with pytest.raises(ValueError, match="name:key=value"):
+        common.select_variants(None, ["liza"])
+
+
+def test_bench_attention_tiny(tmp_path):
+    out = tmp_path / "attention"
+    main(["attention", "--n", "32", "64", "--batch", "1", "--warmup", "0", "--repeats", "1", "--device", "cpu",
+          "--variants", "curformer", "mega", "flashcur", "--variant-overrides", "curformer:num_landmarks=8",
+          "--out", str(out)])
+    assert (out / "attention.png").stat().st_size > 0
+    rows = read_csv(out / "attention.csv")
+    assert list(rows[0]) == [
+        "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "status", "reason",
+        "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "flops_fwd", "flops_fwdbwd",
+        "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
+    ]
+    by_key = {(r["n"], r["level"], r["variant"]): r for r in rows}
+    expected_ok = [("core", "softmax"), ("layer", "softmax"), ("core", "curformer"), ("layer", "mega"),
+                   ("core", "curformer[num_landmarks=8]"), ("core", "softmax_materialised")]
+    for n in ("32", "64"):
+        for level, variant in expected_ok:
+            assert by_key[(n, level, variant)]["status"] == "ok", (n, level, variant)
+        assert by_key[(n, "core", "flashcur")]["status"] == "skipped"
+        assert "CUDA" in by_key[(n, "core", "flashcur")]["reason"]
+        assert by_key[(n, "core", "sdpa_flash")]["status"] == "skipped"
+        for level, variant in expected_ok:
+            row = by_key[(n, level, variant)]
+            ref = by_key[(n, level, "softmax")]
+            assert number(row["speedup_fwd"]) == pytest.approx(number(ref["fwd_s"]) / number(row["fwd_s"]))
+            assert number(row["speedup_fwdbwd"]) == pytest.approx(number(ref["fwdbwd_s"]) / number(row["fwdbwd_s"]))
+            assert number(row["flops_fwdbwd"]) > number(row["flops_fwd"]) > 0
+            assert row["peak_mem_bytes"] == ""  # CUDA only
+            if level == "core":
+                materialised = number(by_key[(n, "core", "softmax_materialised")]["saved_bytes"])
+                assert number(row["saved_ratio"]) == pytest.approx(number(row["saved_bytes"]) / materialised)
+            else:
+                assert row["saved_ratio"] == ""
+    # The materialised reference saves q, k, v and the (B, H, n, n) probabilities (mask and scalar ops save no more).
+    batch, heads, head_dim, n = 1, 2, 32, 64
+    qkv = 3 * batch * heads * n * head_dim * 4
+    assert number(by_key[("64", "core", "softmax_materialised")]["saved_bytes"]) >= qkv + batch * heads * n * n * 4
+    # m = 8 landmarks keep the saved activations below those of m = 64 (all 64 tokens selected).
+    assert number(by_key[("64", "core", "curformer[num_landmarks=8]")]["saved_bytes"]) < number(
+        by_key[("64", "core", "curformer")]["saved_bytes"])
+    assert by_key[("64", "layer", "mega")]["heads"] == "1"
+
+
+def test_bench_train_tiny(tmp_path):
+    out = tmp_path / "train"
+    main(["train", "--task", "text", "--n", "256", "--batch", "2", "--steps", "2", "--warmup", "0", "--device", "cpu",
+          "--variants", "curformer", "--variant-overrides", "--out", str(out)])
+    assert (out / "train.png").stat().st_size > 0
+    rows = read_csv(out / "train.csv")
+    assert [r["variant"] for r in rows] == ["softmax", "curformer"]
+    assert {r["status"] for r in rows} == {"ok"}
+    softmax = rows[0]
+    for row in rows:
+        assert number(row["speed_ratio"]) == pytest.approx(
+            number(row["train_samples_per_s"]) / number(softmax["train_samples_per_s"]))
+        assert number(row["mem_ratio"]) == pytest.approx(number(row["peak_mem_bytes"]) / number(softmax["peak_mem_bytes"]))
+        assert number(row["infer_ratio"]) == pytest.approx(
+            number(row["infer_samples_per_s"]) / number(softmax["infer_samples_per_s"]))
+        assert number(row["rss_ratio"]) == pytest.approx(number(row["rss_delta_bytes"]) / number(softmax["rss_delta_bytes"]))
+        assert number(row["train_samples_per_s"]) == pytest.approx(2 / number(row["train_step_s"]))
+        # CPU peak memory = saved-for-backward + params, grads and AdamW's two moments (4 x params in float32).
+        assert number(row["state_bytes"]) >= 4 * 4 * number(row["params"])
+        assert number(row["peak_mem_bytes"]) == number(row["saved_bytes"]) + number(row["state_bytes"])
+        assert number(row["rss_peak_bytes"]) >= number(row["rss_delta_bytes"]) > 0
+    assert softmax["speed_ratio"] == softmax["mem_ratio"] == "1.0"
+
+
+@pytest.mark.slow
+def test_bench_train_two_document_task(tmp_path):
+    """Retrieval's pair head gets (B, 2, n) ids; FlashCUR without CUDA is a skipped row with the reason."""
+    out = tmp_path / "retrieval"
+    main(["train", "--task", "retrieval", "--n", "64", "--batch", "2", "--steps", "1", "--warmup", "0",
+          "--device", "cpu", "--variants", "flashcur", "--variant-overrides", "--out", str(out)])
+    rows = {r["variant"]: r for r in read_csv(out / "train.csv")}
+    assert rows["softmax"]["status"] == "ok"
+    if not torch.cuda.is_available():
+        assert rows["flashcur"]["status"] == "skipped" and "CUDA" in rows["flashcur"]["reason"]
