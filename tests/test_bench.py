@@ -78,7 +78,8 @@ def test_bench_attention_tiny(tmp_path):
     rows = read_csv(out / "attention.csv")
     assert list(rows[0]) == [
         "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "status", "reason",
-        "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "flops_fwd", "flops_fwdbwd",
+        "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised",
+        "speedup_fwdbwd_materialised", "flops_fwd", "flops_fwdbwd",
         "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
     ]
     by_key = {(r["n"], r["level"], r["variant"]): r for r in rows}
@@ -100,8 +101,10 @@ def test_bench_attention_tiny(tmp_path):
             if level == "core":
                 materialised = number(by_key[(n, "core", "softmax_materialised")]["saved_bytes"])
                 assert number(row["saved_ratio"]) == pytest.approx(number(row["saved_bytes"]) / materialised)
+                mat_fwd = number(by_key[(n, "core", "softmax_materialised")]["fwd_s"])
+                assert number(row["speedup_fwd_materialised"]) == pytest.approx(mat_fwd / number(row["fwd_s"]))
             else:
-                assert row["saved_ratio"] == ""
+                assert row["saved_ratio"] == row["speedup_fwd_materialised"] == ""
     # The materialised reference saves q, k, v and the (B, H, n, n) probabilities (mask and scalar ops save no more).
     batch, heads, head_dim, n = 1, 2, 32, 64
     qkv = 3 * batch * heads * n * head_dim * 4

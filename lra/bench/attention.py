@@ -8,6 +8,9 @@ For each length n and each row of :func:`lra.bench.cases.build_cases` (every con
   (no dropout: the attention computation itself, as in the CUR paper's Fig. 4);
 * ``speedup_fwd``, ``speedup_fwdbwd`` — softmax (SDPA) latency at the same n and level / the row's;
 * ``flops_fwd``, ``flops_fwdbwd`` — ``FlopCounterMode`` totals;
+* ``speedup_fwd_materialised``, ``speedup_fwdbwd_materialised`` — the same against
+  ``softmax_materialised`` (core level only): torch's fused CPU/GPU SDPA never stores the n×n matrix,
+  the materialised reference is the "standard attention" of the papers' complexity comparisons;
 * ``saved_bytes`` — storages autograd keeps for backward (parameters excluded); ``saved_ratio`` —
   / that of ``softmax_materialised`` (core level only);
 * ``peak_mem_bytes`` (CUDA only) — ``max_memory_allocated`` during forward + backward above the
@@ -28,7 +31,8 @@ from lra.bench.cases import MATERIALISED, Case, build_cases
 
 COLUMNS = [
     "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "status", "reason",
-    "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "flops_fwd", "flops_fwdbwd",
+    "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised", "speedup_fwdbwd_materialised",
+    "flops_fwd", "flops_fwdbwd",
     "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
 ]
 
@@ -103,13 +107,16 @@ def run(args: argparse.Namespace) -> list[dict]:
                       {"speedup_fwd": ("fwd_s", True), "speedup_fwdbwd": ("fwdbwd_s", True),
                        "mem_ratio": ("peak_mem_bytes", False)})
     common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == MATERIALISED,
-                      {"saved_ratio": ("saved_bytes", False)})
+                      {"saved_ratio": ("saved_bytes", False), "speedup_fwd_materialised": ("fwd_s", True),
+                       "speedup_fwdbwd_materialised": ("fwdbwd_s", True)})
     common.write_csv(rows, COLUMNS, out / "attention.csv")
     plot(ok, out / "attention.png", device)
     print(common.format_table(rows, [
         ("n", "n", str), ("level", "level", str), ("variant", "variant", str),
         ("fwd_s", "fwd ms", common.ms), ("speedup_fwd", "fwd ↑", common.times),
         ("fwdbwd_s", "fwd+bwd ms", common.ms), ("speedup_fwdbwd", "fwd+bwd ↑", common.times),
+        ("speedup_fwd_materialised", "fwd ↑ mat.", common.times),
+        ("speedup_fwdbwd_materialised", "fwd+bwd ↑ mat.", common.times),
         ("flops_fwd", "GFLOP fwd", common.giga), ("saved_bytes", "saved MiB", common.mib),
         ("saved_ratio", "saved / materialised", lambda v: f"{v:.3f}×"),
         ("peak_mem_bytes", "peak MiB", common.mib), ("reason", "skipped because", lambda v: v[:90]),
@@ -121,21 +128,28 @@ def run(args: argparse.Namespace) -> list[dict]:
 def plot(rows: list[dict], path: Path, device: torch.device) -> Path:
     """Log-log forward latency and memory vs n, one line per (level, variant) (the CUR paper's Fig. 4)."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     memory_key, memory_label = (("peak_mem_bytes", "peak CUDA memory (bytes)") if device.type == "cuda"
                                 else ("saved_bytes", "bytes saved for backward"))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for key in dict.fromkeys((row["level"], row["variant"]) for row in rows):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    colors = plt.get_cmap("tab20").colors
+    for i, key in enumerate(dict.fromkeys((row["level"], row["variant"]) for row in rows)):
         line = sorted((row for row in rows if (row["level"], row["variant"]) == key), key=lambda r: r["n"])
-        label = f"{key[1]} ({key[0]})"
-        left.plot([r["n"] for r in line], [r["fwd_s"] * 1e3 for r in line], marker="o", label=label)
-        right.plot([r["n"] for r in line], [r[memory_key] for r in line], marker="o", label=label)
+        style = {"marker": "o", "color": colors[i % len(colors)], "linestyle": "--" if key[0] == "layer" else "-",
+                 "label": f"{key[1]} ({key[0]})"}
+        left.plot([r["n"] for r in line], [r["fwd_s"] * 1e3 for r in line], **style)
+        right.plot([r["n"] for r in line], [r[memory_key] for r in line], **style)
     left.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="forward latency (ms)")
     right.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel=memory_label)
-    left.legend(fontsize=7)
+    lengths = sorted({row["n"] for row in rows})
+    for ax in (left, right):
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(f"attention benchmark on {device}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

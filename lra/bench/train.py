@@ -114,11 +114,12 @@ def plot(rows: list[dict], path: Path) -> Path:
     panels = [("speed_ratio", "training speed ↑ (× softmax)"), ("mem_ratio", "peak memory ↓ (× softmax)"),
               ("infer_ratio", "inference throughput ↑ (× softmax)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5))
+    colors = plt.get_cmap("tab20").colors
     for ax, (key, title) in zip(axes, panels):
         for i, label in enumerate(labels):
             values = {row["n"]: row[key] for row in rows if row["variant"] == label and row[key] is not None}
             ax.bar([j + i * width for j, n in enumerate(lengths) if n in values], [values[n] for n in lengths if n in values],
-                   width, label=label)
+                   width, label=label, color=colors[i % len(colors)])
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], [f"n={n}" for n in lengths])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set(title=title, yscale="log")
