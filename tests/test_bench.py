@@ -14,6 +14,14 @@ from lra.bench import common
 from lra.bench.__main__ import main
 
 
+@pytest.fixture(autouse=True)
+def keep_thread_count():
+    """``--threads`` sets torch's thread count for the process: restore it for the tests that follow."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def read_csv(path: Path) -> list[dict]:
     with path.open() as handle:
         return list(csv.DictReader(handle))
@@ -72,12 +80,13 @@ def test_variants_are_discovered_from_configs():
 def test_bench_attention_tiny(tmp_path):
     out = tmp_path / "attention"
     main(["attention", "--n", "32", "64", "--batch", "1", "--warmup", "0", "--repeats", "1", "--device", "cpu",
+          "--threads", "1",
           "--variants", "curformer", "mega", "flashcur", "--variant-overrides", "curformer:num_landmarks=8",
           "--out", str(out)])
     assert (out / "attention.png").stat().st_size > 0
     rows = read_csv(out / "attention.csv")
     assert list(rows[0]) == [
-        "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "status", "reason",
+        "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "threads", "status", "reason",
         "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised",
         "speedup_fwdbwd_materialised", "flops_fwd", "flops_fwdbwd",
         "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
@@ -113,11 +122,26 @@ def test_bench_attention_tiny(tmp_path):
     assert number(by_key[("64", "core", "curformer[num_landmarks=8]")]["saved_bytes"]) < number(
         by_key[("64", "core", "curformer")]["saved_bytes"])
     assert by_key[("64", "layer", "mega")]["heads"] == "1"
+    assert {r["threads"] for r in rows} == {"1"}
+
+
+def test_bench_attention_layer_level(tmp_path):
+    """--level layer: every variant as a one-layer model, ratios against the layer-level softmax, no core rows."""
+    out = tmp_path / "layer"
+    main(["attention", "--level", "layer", "--n", "32", "--batch", "1", "--warmup", "0", "--repeats", "1",
+          "--device", "cpu", "--variants", "nystromformer", "--variant-overrides", "--out", str(out)])
+    rows = read_csv(out / "attention.csv")
+    assert [(r["level"], r["variant"], r["status"]) for r in rows] == [
+        ("layer", "softmax", "ok"), ("layer", "nystromformer", "ok")]
+    softmax, nystrom = rows
+    assert number(nystrom["speedup_fwdbwd"]) == pytest.approx(number(softmax["fwdbwd_s"]) / number(nystrom["fwdbwd_s"]))
+    assert nystrom["heads"] == "2"
 
 
 def test_bench_train_tiny(tmp_path):
     out = tmp_path / "train"
     main(["train", "--task", "text", "--n", "256", "--batch", "2", "--steps", "2", "--warmup", "0", "--device", "cpu",
+          "--threads", "1",
           "--variants", "curformer", "--variant-overrides", "--out", str(out)])
     assert (out / "train.png").stat().st_size > 0
     rows = read_csv(out / "train.csv")
@@ -137,6 +161,7 @@ def test_bench_train_tiny(tmp_path):
         assert number(row["peak_mem_bytes"]) == number(row["saved_bytes"]) + number(row["state_bytes"])
         assert number(row["rss_peak_bytes"]) >= number(row["rss_delta_bytes"]) > 0
     assert softmax["speed_ratio"] == softmax["mem_ratio"] == "1.0"
+    assert {r["threads"] for r in rows} == {"1"}
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from lra.bench import common
 from lra.bench.cases import MATERIALISED, Case, build_cases
 
 COLUMNS = [
-    "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "status", "reason",
+    "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "threads", "status", "reason",
     "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised", "speedup_fwdbwd_materialised",
     "flops_fwd", "flops_fwdbwd",
     "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
     cases, skipped = build_cases(variants, args.level, max(args.n), args.batch, args.heads, args.head_dim, device)
-    setting = {"batch": args.batch, "head_dim": args.head_dim, "device": str(device), "dtype": args.dtype}
+    setting = {"batch": args.batch, "head_dim": args.head_dim, "device": str(device), "dtype": args.dtype,
+               "threads": common.set_threads(args.threads)}
     rows = []
     for n in sorted(args.n):
         for case in cases:

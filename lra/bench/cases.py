@@ -17,6 +17,7 @@ References (not configs): ``softmax_materialised`` = ``softmax(QKᵀ/√d + mask
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -131,7 +132,7 @@ def build_cases(variants: list[Variant], level: str, max_n: int, batch: int, hea
                             "reason": str(error).splitlines()[0]})
     if level == "auto":
         if layer_needed:
-            cases.insert(1, layer_case(Variant(BASELINE), baseline.copy(), baseline, batch, heads, head_dim, device))
+            cases.insert(1, layer_case(Variant(BASELINE), copy.deepcopy(baseline), baseline, batch, heads, head_dim, device))
         make = qkv_inputs(batch, heads, head_dim, device)
         cases.append(Case(MATERIALISED, "core", make, lambda q, k, v, mask: (materialised_softmax(q, k, v, mask), None),
                           heads=heads))

@@ -91,6 +91,15 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
+def set_threads(threads: int | None) -> int:
+    """``--threads``: ``torch.set_num_threads`` when given; returns the count in use (a CSV column)."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
     """Autocast to bf16 for ``--dtype bf16``; a no-op for fp32."""
     return torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "fp32")

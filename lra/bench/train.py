@@ -27,7 +27,7 @@ from lra import REPO_ROOT
 from lra.bench import common
 
 COLUMNS = [
-    "task", "variant", "n", "batch", "steps", "device", "dtype", "status", "reason",
+    "task", "variant", "n", "batch", "steps", "device", "dtype", "threads", "status", "reason",
     "train_samples_per_s", "speed_ratio", "peak_mem_bytes", "mem_ratio", "infer_samples_per_s", "infer_ratio",
     "saved_bytes", "state_bytes", "rss_peak_bytes", "rss_delta_bytes", "rss_ratio", "train_step_s", "params",
 ]
@@ -70,13 +70,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     device = common.resolve_device(args.device)
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
-    setting = {"task": args.task, "batch": args.batch, "steps": args.steps, "device": str(device), "dtype": args.dtype}
+    threads = common.set_threads(args.threads)
+    setting = {"task": args.task, "batch": args.batch, "steps": args.steps, "device": str(device), "dtype": args.dtype,
+               "threads": threads}
     rows = []
     for n in sorted(args.n):
         for variant in variants:
             spec = {"overrides": [f"task={args.task}", f"task.max_length={n}", *variant.config_overrides()],
                     "n": n, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-                    "device": str(device), "dtype": args.dtype}
+                    "device": str(device), "dtype": args.dtype, "threads": threads}
             row = {"variant": variant.label, "n": n, **setting, **run_worker(spec, args.timeout)}
             print(f"n={n} {variant.label}: {row['status']} {row.get('reason', '')}", flush=True)
             rows.append(row)

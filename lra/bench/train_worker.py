@@ -1,7 +1,7 @@
 """One ``lra.bench train`` measurement in a fresh process: ``python -m lra.bench.train_worker SPEC.json``.
 
 ``SPEC`` holds ``overrides`` (Hydra, selecting task, length and attention), ``n``, ``batch``,
-``steps``, ``warmup``, ``device``, ``dtype`` and ``result`` (where the JSON result goes). The
+``steps``, ``warmup``, ``device``, ``dtype``, ``threads`` and ``result`` (where the JSON result goes). The
 process builds the real model (``lra.module.build_model``) and AdamW (``cfg.optimizer``), then:
 
 1. one untimed training step under :class:`lra.bench.common.SavedTensorBytes` (parameters excluded);
@@ -70,6 +70,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 def measure(spec: dict) -> dict:
     device = torch.device(spec["device"])
+    common.set_threads(spec["threads"])
     rss_start = proc_status("VmRSS")
     reset_peak_rss()
     cfg = common.compose_config(spec["overrides"])
