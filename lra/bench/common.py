@@ -13,14 +13,18 @@ import csv
 import datetime
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
 
 from lra import REPO_ROOT
 
@@ -149,7 +153,7 @@ class SavedTensorBytes(contextlib.AbstractContextManager):
     def bytes(self) -> int:
         return sum(self.seen.values())
 
-    def __enter__(self) -> "SavedTensorBytes":
+    def __enter__(self) -> SavedTensorBytes:
         self.hooks.__enter__()
         return self
 

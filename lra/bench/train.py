@@ -53,8 +53,8 @@ def run_worker(spec: dict, timeout: float) -> dict:
         spec_path.write_text(json.dumps({**spec, "result": str(result_path)}))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
         try:
-            proc = subprocess.run([sys.executable, "-m", "lra.bench.train_worker", str(spec_path)], cwd=REPO_ROOT,
-                                  env=env, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run([sys.executable, "-m", "lra.bench.train_worker", str(spec_path)], check=False,
+                                  cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"status": "skipped", "reason": f"over --timeout {timeout:g} s"}
         if proc.returncode == 0:
