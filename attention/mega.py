@@ -29,9 +29,8 @@ import math
 import torch
 from torch import nn
 
-from attention.cur import check_positive_int, cur_attention
+from attention.cur import CURAttention, cur_attention
 from attention.scores import masked_softmax
-from attention.selection import check_selection, select_indices
 
 
 class Softmax(nn.Module):
@@ -89,7 +88,7 @@ class Exact(nn.Module):
         return score(q, k, key_mask[:, None, None, :]) @ v
 
 
-class CUR(nn.Module):
+class CUR(CURAttention):
     """MegaCUR: CUR approximation (CUR paper Alg. 1) of the MEGA attention matrix.
 
     Selection and ``C U⁺ (R V)`` (+ row overwrite) come from :mod:`attention.selection` and
@@ -99,32 +98,13 @@ class CUR(nn.Module):
     Cost O(n m d + m³) instead of O(n² d).
     """
 
-    def __init__(
-        self,
-        num_landmarks: int = 64,
-        selection: str = "abs",
-        same_indices: bool = True,
-        embed_column: int = 0,
-        pinv_iters: int = 6,
-        overwrite_rows: bool = True,
-        force_cls: bool = False,
-    ):
-        super().__init__()
-        check_selection(selection, embed_column)
-        self.num_landmarks = check_positive_int(num_landmarks, "approximation.num_landmarks")
-        self.pinv_iters = check_positive_int(pinv_iters, "approximation.pinv_iters")
-        self.selection, self.same_indices, self.embed_column = selection, bool(same_indices), embed_column
-        self.overwrite_rows, self.force_cls = bool(overwrite_rows), bool(force_cls)
+    def __init__(self, **knobs):
+        super().__init__(num_heads=1, head_dim=None, **knobs)
 
     def forward(self, q, k, v, key_mask, score: RelativeBiasScore) -> torch.Tensor:
-        index_q, index_k = select_indices(
-            q, k, key_mask, self.num_landmarks, self.selection, self.same_indices, self.embed_column, self.force_cls
-        )
+        index_q, index_k = self.select(q, k, key_mask)
         sequence_score = functools.partial(score, n_real=key_mask.sum(-1))
         return cur_attention(q, k, v, key_mask, index_q, index_k, sequence_score, self.pinv_iters, self.overwrite_rows)
-
-    def extra_repr(self) -> str:
-        return f"num_landmarks={self.num_landmarks}, selection={self.selection!r}, pinv_iters={self.pinv_iters}"
 
 
 class MegaAttention(nn.Module):
