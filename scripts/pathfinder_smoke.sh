@@ -15,14 +15,17 @@ MAX_STEPS=${MAX_STEPS:-3000}
 MAX_TIME=${MAX_TIME:-00:00:10:00}
 EVAL_EVERY=${EVAL_EVERY:-250}
 TRAINER=${TRAINER:-cpu}
-DATA="$OUT/data/pathfinder32/curv_contour_length_14"
+ATTENTION=${ATTENTION:-softmax}     # curformer trains ~6x faster on a CPU (softmax with dropout materialises n x n)
+DIFFICULTY=${DIFFICULTY:-14}        # contour length: 6 (curv_baseline, easiest), 9 or 14 (LRA's hardest)
+case "$DIFFICULTY" in 6) LEVEL=curv_baseline ;; *) LEVEL=curv_contour_length_$DIFFICULTY ;; esac
+DATA="$OUT/data/pathfinder32/$LEVEL"
 
 if ! compgen -G "$DATA/metadata/*.npy" > /dev/null; then
-  "$PYTHON" -m lra.tasks.pathfinder generate --out "$DATA" --resolution 32 --difficulty 14 \
+  "$PYTHON" -m lra.tasks.pathfinder generate --out "$DATA" --resolution 32 --difficulty "$DIFFICULTY" \
     --count "$COUNT" --seed 0 --workers "$WORKERS"
 fi
 start=$(date +%s)
-"$PYTHON" -m lra.train task=pathfinder attention=softmax "trainer=$TRAINER" "task.data_dir=$DATA" "paths.cache_dir=$OUT/cache" \
+"$PYTHON" -m lra.train task=pathfinder "attention=$ATTENTION" "trainer=$TRAINER" "task.data_dir=$DATA" "paths.cache_dir=$OUT/cache" \
   task.batch_size=64 task.warmup_steps=100 "task.eval_every=$EVAL_EVERY" "trainer.max_steps=$MAX_STEPS" \
   "+trainer.max_time=$MAX_TIME" optimizer.lr=1e-3 logger=csv "hydra.run.dir=$OUT/run"
 echo "training took $(( $(date +%s) - start )) s"
