@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Smoke check of the Pathfinder generator + reader + training CLI: generate COUNT Pathfinder32 images
-# (hardest difficulty, contour length 14), train the 2-layer softmax encoder for at most MAX_STEPS steps
+# (DIFFICULTY, default the hardest: contour length 14), train the 2-layer ATTENTION (default softmax) encoder for at most MAX_STEPS steps
 # or MAX_TIME wall-clock, and print the best validation accuracy (chance is 50%). lr is raised to 1e-3
 # (DESIGN's 1e-4 is tuned for 62400 steps at batch 256). Generation runs at ~25 images/s per free core;
 # training wants TRAINER=gpu: on a busy 2-core CPU one step of batch 64 x 1024 tokens took ~30 s.
