@@ -131,6 +131,9 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         return data
 
     def prepare_data(self) -> None:
+        """Build missing caches once (rank 0); without a cache ``setup`` reads the data, so nothing to do here."""
+        if self.cache_dir is None:
+            return
         for split in SPLITS:
             self.load_split(split)
 
