@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from lra import REPO_ROOT
 from tests.conftest import run_cli
 
@@ -77,3 +79,44 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_listops_overrides, tmp
     assert results["status"] == "completed" and results["steps"] == 40
     assert 5 <= results["resumed_from_step"] < 40
     assert "resuming from" in second.stdout
+
+
+def checkpoint_step(path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+
+
+def test_last_checkpoint_follows_training_not_the_best_score(tiny_listops_overrides, tmp_path):
+    """lr = 0: val/acc never improves after the first evaluation, yet last.ckpt holds the final step."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=0", "task.eval_every=5",
+                    "trainer.max_steps=15", f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(path.name for path in checkpoints.glob("best-*.ckpt")) == ["best-5.ckpt"]
+    assert checkpoint_step(checkpoints / "last.ckpt") == 15
+
+
+def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides, tmp_path):
+    """SIGTERM (e.g. SLURM preemption) between evaluations: interrupted-<step>.ckpt and last.ckpt at that step."""
+    run_dir = tmp_path / "run"
+    args = ["-m", "lra.train", *tiny_listops_overrides, "task.eval_every=1000", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true"}
+    first = subprocess.Popen([sys.executable, *args, "trainer.max_steps=100000", "trainer.log_every_n_steps=1"],
+                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = run_dir / "csv" / "version_0" / "metrics.csv"
+    deadline = time.monotonic() + 300
+    while first.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=120)
+    interrupted = list((run_dir / "checkpoints").glob("interrupted-*.ckpt"))
+    assert len(interrupted) == 1, "no checkpoint was written on SIGTERM"
+    step = checkpoint_step(interrupted[0])
+    assert step > 0 and checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == step
+
+    second = run_cli([*args, f"trainer.max_steps={step + 3}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"(step {step})" in second.stdout
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == step + 3
