@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import run_cli
 from PIL import Image
 
@@ -137,10 +138,19 @@ def test_errors_name_the_option_and_the_fix(generated):
     assert parameters(128, 14).geometry.paddle_length == 4 * parameters(32, 14).geometry.paddle_length
 
 
+GPU_SMOKE = {"TRAINER": "gpu", "COUNT": "200000", "BATCH": "256", "MAX_STEPS": "20000", "MAX_TIME": "00:03:00:00"}
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: on 2 CPU cores 4,500 steps stayed at chance")
 def test_smoke_training_beats_chance(tmp_path):
-    """scripts/pathfinder_smoke.sh: generate Pathfinder32, train the 2-layer softmax encoder, val acc > 50%."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OUT": str(tmp_path), "WANDB_SILENT": "true"}
-    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "pathfinder_smoke.sh")], check=True, env=env, timeout=3600)
+    """scripts/pathfinder_smoke.sh on a GPU: 200k generated Pathfinder32 images, the 2-layer softmax encoder.
+
+    Test accuracy >= 53% is 8 standard errors above chance on the 20,000 test images.
+    The marker-distance cue alone gets 72% on this difficulty (docs/pathfinder.md).
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OUT": str(tmp_path), "WANDB_SILENT": "true",
+           "WORKERS": str(os.cpu_count()), **GPU_SMOKE}
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "pathfinder_smoke.sh")], check=True, env=env, timeout=4 * 3600)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["val_acc_best"] > 0.5
+    assert results["test_acc"] >= 0.53, results
