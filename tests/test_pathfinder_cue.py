@@ -40,6 +40,14 @@ def test_inverted_band_when_negatives_sit_inside():
     assert (cue.accuracy, cue.inside, cue.low, cue.high) == (1.0, 0, 5.0, 6.0)
 
 
+def test_no_band_beats_the_majority_label():
+    """Each distance has as many positives as negatives: the rule is 'majority everywhere', accuracy 0.5."""
+    distances = np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0])
+    labels = np.array([0, 1, 1, 0, 0, 1])
+    cue = best_band(distances, labels)
+    assert (cue.accuracy, cue.low, cue.high) == (0.5, 1.0, 3.0)
+
+
 def test_distances_match_the_marker_pixels(tmp_path):
     """Metadata marker centres (generator) vs the centroids of the 255-valued blobs in each PNG."""
     out = tmp_path / "curv_baseline"

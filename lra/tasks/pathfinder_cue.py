@@ -67,7 +67,8 @@ def best_band(distances: np.ndarray, labels: np.ndarray) -> BandCue:
     values, group = np.unique(distances, return_inverse=True)
     margin = np.bincount(group, weights=2 * labels - 1, minlength=len(values))  # positives - negatives per value
     total, positives = len(labels), int(labels.sum())
-    rules = []
+    majority = int(2 * positives >= total)
+    rules = [BandCue(max(positives, total - positives) / total, float(values[0]), float(values[-1]), majority, total)]
     for inside, sign, outside_correct in ((1, 1, total - positives), (0, -1, positives)):
         prefix = np.concatenate([[0.0], np.cumsum(sign * margin)])
         lowest_before = np.minimum.accumulate(prefix)
