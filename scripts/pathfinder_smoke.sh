@@ -4,7 +4,7 @@
 # 2-layer ATTENTION encoder through python -m lra.train for at most MAX_STEPS steps or MAX_TIME, print its accuracy.
 # Departures from DESIGN §3, for a small budget: no dropout, batch BATCH=32, lr 1e-3 (DESIGN's 1e-4 is tuned for 62400
 # steps at batch 256), gradient clipping 1.0, bf16 autocast. Measured on 2 CPU cores: generation ~100 images/s,
-# training ~0.75 s/step, and 4,500 steps stayed at chance (docs/pathfinder.md): train on a GPU.
+# training ~0.75 s/step, and 4,520 steps stayed at chance (docs/pathfinder.md): train on a GPU.
 #   OUT=/tmp/pf TRAINER=gpu WORKERS=16 COUNT=200000 BATCH=256 MAX_STEPS=20000 MAX_TIME=00:03:00:00 scripts/pathfinder_smoke.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ BATCH=${BATCH:-32}
 TRAINER=${TRAINER:-cpu}
 PRECISION=${PRECISION:-bf16-mixed}
 ATTENTION=${ATTENTION:-softmax}
-ATTENTION_ARGS=${ATTENTION_ARGS:-attention.dropout=0}   # overrides for that variant (space-separated)
+ATTENTION_ARGS=${ATTENTION_ARGS-attention.dropout=0}   # overrides for the variant, space-separated; ATTENTION_ARGS= for none
 DIFFICULTY=${DIFFICULTY:-6}         # contour length: 6 (curv_baseline), 9 or 14 (LRA's)
 case "$DIFFICULTY" in 6) LEVEL=curv_baseline ;; *) LEVEL=curv_contour_length_$DIFFICULTY ;; esac
 DATA="$OUT/data/pathfinder32/$LEVEL"
