@@ -24,6 +24,7 @@ import importlib
 import logging
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,10 +67,14 @@ def metadata_rows(path: Path) -> list[list[str]]:
     return [[item.decode() if isinstance(item, bytes) else str(item) for item in row] for row in np.atleast_2d(array)]
 
 
-def read_listing(root: Path) -> Listing:
-    """All samples of ``root/metadata/*.npy`` in natural file order; raises on bad lines or missing images."""
-    images, labels, empty = [], [], 0
-    for path in sorted((root / "metadata").glob("*.npy"), key=natural_key):
+def metadata_files(root: Path) -> list[Path]:
+    """``root/metadata/*.npy`` in natural order."""
+    return sorted((root / "metadata").glob("*.npy"), key=natural_key)
+
+
+def labelled_rows(root: Path) -> Iterator[tuple[Path, int, list[str]]]:
+    """``(metadata file, line number, fields)`` of each non-empty metadata line; raises on one without a 0/1 label."""
+    for path in metadata_files(root):
         for number, row in enumerate(metadata_rows(path), start=1):
             if not row:
                 continue
@@ -78,17 +83,24 @@ def read_listing(root: Path) -> Listing:
                     f"{path}:{number}: expected 'imgs/<batch> sample_<i>.png <index> <label 0|1> ...', "
                     f"found {' '.join(row)[:80]!r}; regenerate or re-download this difficulty (see data/README.md)"
                 )
-            image = root / row[0] / row[1]
-            if not image.is_file():
-                raise FileNotFoundError(
-                    f"{path}:{number} lists {image}, which does not exist; the data is incomplete: "
-                    "re-download or regenerate it (see data/README.md)"
-                )
-            if image.stat().st_size == 0:
-                empty += 1
-                continue
-            images.append(image)
-            labels.append(int(row[3]))
+            yield path, number, row
+
+
+def read_listing(root: Path) -> Listing:
+    """All samples of ``root/metadata/*.npy`` in natural file order; raises on bad lines or missing images."""
+    images, labels, empty = [], [], 0
+    for path, number, row in labelled_rows(root):
+        image = root / row[0] / row[1]
+        if not image.is_file():
+            raise FileNotFoundError(
+                f"{path}:{number} lists {image}, which does not exist; the data is incomplete: "
+                "re-download or regenerate it (see data/README.md)"
+            )
+        if image.stat().st_size == 0:
+            empty += 1
+            continue
+        images.append(image)
+        labels.append(int(row[3]))
     return Listing(images, labels, empty)
 
 
@@ -135,7 +147,7 @@ class PathfinderDataModule(CachedDataModule):
         self.listing: Listing | None = None
 
     def cache_settings(self) -> dict:
-        metadata = sorted((self.data_dir / "metadata").glob("*.npy"), key=natural_key)
+        metadata = metadata_files(self.data_dir)
         return {**super().cache_settings(), "resolution": self.resolution, "seed": self.seed, "fractions": FRACTIONS,
                 "metadata": [[path.name, path.stat().st_size] for path in metadata]}
 

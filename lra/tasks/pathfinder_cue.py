@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.tasks.pathfinder import metadata_rows, natural_key
+from lra.tasks.pathfinder import labelled_rows
 
 MARKER_FIELDS = slice(11, 15)  # x0 y0 x1 y1 after the eleven release fields
 
@@ -40,18 +40,15 @@ def marker_distances(root: Path | str) -> tuple[np.ndarray, np.ndarray]:
     """Marker distances in pixels and labels of every image listed under ``root/metadata``."""
     root = Path(root)
     distances, labels = [], []
-    for path in sorted((root / "metadata").glob("*.npy"), key=natural_key):
-        for number, row in enumerate(metadata_rows(path), start=1):
-            if not row:
-                continue
-            if len(row) < MARKER_FIELDS.stop:
-                raise ValueError(
-                    f"{path}:{number}: no marker centres (fields 12-15); only data written by "
-                    "'python -m lra.tasks.pathfinder generate' has them"
-                )
-            x0, y0, x1, y1 = map(float, row[MARKER_FIELDS])
-            distances.append(np.hypot(x1 - x0, y1 - y0))
-            labels.append(int(row[3]))
+    for path, number, row in labelled_rows(root):
+        if len(row) < MARKER_FIELDS.stop:
+            raise ValueError(
+                f"{path}:{number}: no marker centres (fields 12-15); only data written by "
+                "'python -m lra.tasks.pathfinder generate' has them"
+            )
+        x0, y0, x1, y1 = map(float, row[MARKER_FIELDS])
+        distances.append(np.hypot(x1 - x0, y1 - y0))
+        labels.append(int(row[3]))
     if not labels:
         raise FileNotFoundError(f"no metadata lines under {root / 'metadata'}: generate the data first")
     return np.asarray(distances), np.asarray(labels)
