@@ -14,7 +14,10 @@ from torchmetrics.classification import MulticlassAccuracy
 
 class LRAModule(L.LightningModule):
     """Trains ``model(input_ids, mask) -> (logits, aux_losses)``; logs ``train/loss``, ``train/acc``,
-    ``val/acc``, ``val/acc_best``, ``test/acc`` and every auxiliary loss as ``train/<name>``."""
+    ``val/acc``, ``val/acc_best``, ``test/acc`` and every auxiliary loss as ``train/<name>``.
+
+    ``val_curve`` lists ``[step, val acc]`` for every evaluation (kept in checkpoints, written to
+    ``results.json``: the learning curve ``lra.report --curves`` plots)."""
 
     def __init__(
         self,
@@ -33,6 +36,7 @@ class LRAModule(L.LightningModule):
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # survives resume from last.ckpt
         self.samples_seen = 0
+        self.val_curve: list[list[float]] = []
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return self.model(input_ids, mask)
@@ -58,8 +62,16 @@ class LRAModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
             return
-        self.val_acc_best(self.val_acc.compute())
+        accuracy = self.val_acc.compute()
+        self.val_acc_best(accuracy)
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
+        self.val_curve.append([self.global_step, float(accuracy)])
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["val_curve"] = self.val_curve
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.val_curve = list(checkpoint.get("val_curve", []))
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         logits, _ = self(batch["input_ids"], batch["mask"])

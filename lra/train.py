@@ -71,6 +71,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "samples_per_s": module.samples_seen * trainer.world_size / train_time if train_time > 0 else None,
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if has_best else None,
         "resumed_from_step": resumed_from_step,
+        "val_curve": module.val_curve,
     }
 
 

@@ -13,18 +13,16 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-
-def masked_mean(x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` ``(B, n, d)`` over real tokens ``key_mask`` ``(B, n)`` -> ``(B, d)``."""
-    weights = key_mask.to(x.dtype).unsqueeze(-1)
-    return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+from models.pooling import masked_mean
 
 
 class Encoder(nn.Module):
-    """Token + learned positional embedding, ``num_layers`` blocks, final LayerNorm, mean pooling, head.
+    """Token + learned positional embedding, ``num_layers`` blocks, final LayerNorm, pooling, head.
 
     ``block`` and ``head`` are factories (Hydra ``_partial_`` configs); ``attention`` is the composed
     attention config node handed to every block. ``forward`` returns ``(logits, aux_losses)``.
+    ``embedding_init_std``: token and position embeddings start N(0, std²) (the reference LRA code's
+    0.02); ``None`` keeps PyTorch's N(0, 1). ``pooling(x, key_mask) -> (B, d)`` (models/pooling.py).
     """
 
     def __init__(
@@ -40,10 +38,15 @@ class Encoder(nn.Module):
         num_layers: int = 2,
         ffn_dim: int = 128,
         dropout: float = 0.1,
+        embedding_init_std: float | None = 0.02,
+        pooling: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = masked_mean,
     ):
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(max_length, d_model)
+        if embedding_init_std is not None:
+            nn.init.normal_(self.token_embedding.weight, std=embedding_init_std)
+            nn.init.normal_(self.position_embedding.weight, std=embedding_init_std)
         self.embedding_dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             block(d_model=d_model, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout, attention=attention)
@@ -52,6 +55,7 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(d_model)
         self.head = head(d_model=d_model, num_classes=num_classes)
         self.max_length = max_length
+        self.pool = pooling
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``(B, n)`` ids -> token + position embeddings ``(B, n, d_model)`` (after dropout)."""
@@ -66,7 +70,7 @@ class Encoder(nn.Module):
         x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x, key_mask, aux_losses)
-        return masked_mean(self.final_norm(x), key_mask)
+        return self.pool(self.final_norm(x), key_mask)
 
     def forward(self, input_ids: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         aux_losses: dict[str, torch.Tensor] = {}

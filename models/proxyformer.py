@@ -21,7 +21,7 @@ from torch import nn
 
 from attention.proxyformer import ProxyAttention
 from models.blocks import MultiHeadAttention, TransformerBlock
-from models.encoder import Encoder, masked_mean
+from models.encoder import Encoder
 
 
 class ProxyMultiHeadAttention(MultiHeadAttention):
@@ -62,8 +62,8 @@ class ProxyBlock(TransformerBlock):
 class ProxyEncoder(Encoder):
     """:class:`models.encoder.Encoder` with learned proxy tokens ``proxies`` ``(m, d_model)`` as a prefix.
 
-    Decision: proxies are initialised N(0, 1) like the token embeddings (the paper does not say) and
-    get no positional embedding.
+    Decision: proxies are initialised N(0, 1) (the paper does not say; token embeddings start at
+    ``model.embedding_init_std``) and get no positional embedding.
     """
 
     def __init__(self, *args, attention: DictConfig, block, **kwargs):
@@ -92,4 +92,4 @@ class ProxyEncoder(Encoder):
                 layer_losses[name].append(value)
         for name, values in layer_losses.items():
             aux_losses[name] = torch.stack(values).mean()  # Eq. 9: average over layers
-        return masked_mean(self.final_norm(h[:, m:]), key_mask)
+        return self.pool(self.final_norm(h[:, m:]), key_mask)
