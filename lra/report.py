@@ -1,13 +1,14 @@
-"""Sweep report: ``python -m lra.report <sweep dir(s)> [--format md|csv|latex] [--out FILE] [--plot FILE]``.
+"""Sweep report: ``python -m lra.report <sweep dir(s)> [--format md|csv|latex] [--out FILE] [--plot FILE] [--curves FILE]``.
 
 Collects every run under the given directories (``results.json``; a Hydra job dir with
 ``.hydra/config.yaml`` but no ``results.json`` is a run that died or is still running: "missing"),
 optionally the runs of a W&B group (``--wandb ENTITY/PROJECT --group NAME``, needs network), and
 groups them by (task, attention name, the overrides whose values differ between the runs, seed
 excluded). Each row: runs completed / failed / missing, test accuracy mean ± sample std (ddof 1)
-over completed seeds, best-validation mean, throughput, peak memory, the published number of
+over completed seeds, best-validation mean, steps, training wall time, throughput, peak memory, the published number of
 ``lra/published.yaml`` with its source table, and our mean minus it. Failed and missing runs are
-counted in their row and listed under the table, never dropped.
+counted in their row and listed under the table, never dropped. ``--curves`` draws every run's
+validation accuracy against the step (``val_curve`` of ``results.json``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def select(config: dict, key: str):
 
 
 def load_run(path: Path) -> dict:
-    record = json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error}); the run was probably killed while writing it: "
+                         "delete the file and re-run the job (it resumes from its last checkpoint)") from error
     record["path"] = str(path.parent)
     record.setdefault("overrides", [])
     record["tags"] = list((record.get("config") or {}).get("tags") or [])
@@ -126,6 +131,7 @@ def summarize(rows: list[Row], tables: dict) -> list[dict]:
         acc = [100 * value for value in row.values("test_acc")]
         val = [100 * value for value in row.values("val_acc_best")]
         speed, memory = row.values("samples_per_s"), row.values("peak_mem_bytes")
+        steps, seconds = row.values("steps"), row.values("train_time_s")
         published = published_for(row, tables)
         mean = statistics.fmean(acc) if acc else None
         out.append({
@@ -133,6 +139,8 @@ def summarize(rows: list[Row], tables: dict) -> list[dict]:
             "seeds": len(acc), "failed": row.status_count("failed"), "missing": row.status_count("missing"),
             "test_acc_mean": mean, "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else None,
             "val_acc_best_mean": statistics.fmean(val) if val else None,
+            "steps": round(statistics.fmean(steps)) if steps else None,
+            "train_time_min": statistics.fmean(seconds) / 60 if seconds else None,
             "samples_per_s": statistics.fmean(speed) if speed else None,
             "peak_mem_mib": statistics.fmean(memory) / 2**20 if memory else None,
             "published": published["acc"] if published else None,
@@ -148,14 +156,15 @@ def fmt(value, digits: int = 2) -> str:
 
 def display_rows(summary: list[dict], settings: list[str]) -> tuple[list[str], list[list[str]]]:
     header = ["task", "attention", *settings, "seeds", "failed", "missing", "test acc % (mean ± std)",
-              "best val %", "samples/s", "peak MiB", "published %", "Δ", "source"]
+              "best val %", "steps", "train min", "samples/s", "peak MiB", "published %", "Δ", "source"]
     body = []
     for s in summary:
         acc = "-" if s["test_acc_mean"] is None else fmt(s["test_acc_mean"]) + (
             f" ± {fmt(s['test_acc_std'])}" if s["test_acc_std"] is not None else "")
         delta = "-" if s["delta"] is None else f"{s['delta']:+.2f}"
         body.append([s["task"], s["attention"], *(s[key] for key in settings), str(s["seeds"]), str(s["failed"]),
-                     str(s["missing"]), acc, fmt(s["val_acc_best_mean"]), fmt(s["samples_per_s"], 1),
+                     str(s["missing"]), acc, fmt(s["val_acc_best_mean"]), fmt(s["steps"]),
+                     fmt(s["train_time_min"], 0), fmt(s["samples_per_s"], 1),
                      fmt(s["peak_mem_mib"], 0), fmt(s["published"]), delta, s["published_table"] or "-"])
     return header, body
 
@@ -213,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=("md", "csv", "latex"), default="md")
     parser.add_argument("--out", type=Path, help="write the table here instead of stdout")
     parser.add_argument("--plot", type=Path, help="also draw accuracy vs throughput (marker size = memory) here")
+    parser.add_argument("--curves", type=Path, help="also draw each run's validation accuracy vs step here")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read the runs of this W&B project (online)")
     parser.add_argument("--group", help="W&B group (the sweep name) to read with --wandb")
     parser.add_argument("--published", type=Path, default=PUBLISHED, help="published-numbers file (default: %(default)s)")
@@ -236,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         from lra.report_plot import plot_accuracy_vs_throughput
 
         plot_accuracy_vs_throughput(summary, settings, args.plot)
+    if args.curves:
+        from lra.report_plot import plot_learning_curves
+
+        plot_learning_curves(runs, args.curves)
     return 0
 
 

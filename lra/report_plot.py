@@ -1,6 +1,7 @@
-"""``python -m lra.report ... --plot FILE``: test accuracy vs training throughput, marker area ∝ peak memory.
+"""Report figures. ``--plot FILE``: test accuracy vs training throughput, marker area ∝ peak memory;
+``--curves FILE``: validation accuracy vs step of every run.
 
-The layout of the Proxyformer paper's Fig. 1 (Lee, Lee, Shin, AAAI 2024): one point per report row,
+``--plot`` follows the layout of the Proxyformer paper's Fig. 1 (Lee, Lee, Shin, AAAI 2024): one point per report row,
 x = training samples/s (mean over seeds), y = mean test accuracy, marker area proportional to the
 mean peak memory; one panel per task.
 """
@@ -34,6 +35,29 @@ def plot_accuracy_vs_throughput(summary: list[dict], settings: list[str], out: P
             ax.annotate(f"{s['peak_mem_mib']:.0f} MiB" if s["peak_mem_mib"] else "", (s["samples_per_s"], s["test_acc_mean"]),
                         fontsize=7, ha="center", va="center")
         ax.set(title=task, xlabel="training throughput (samples/s)", ylabel="test accuracy (%)")
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_learning_curves(runs: list[dict], out: Path) -> Path:
+    """Validation accuracy (%) vs optimizer step, one line per run with a ``val_curve``; one panel per task."""
+    curves = [run for run in runs if run.get("val_curve")]
+    if not curves:
+        raise ValueError("nothing to plot: no run has a val_curve (results.json written before val_curve existed?)")
+    tasks = sorted({str(run["task"]) for run in curves})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for run in (run for run in curves if str(run["task"]) == task):
+            steps, accuracy = zip(*run["val_curve"])
+            test = f", test {100 * run['test_acc']:.1f}%" if run.get("test_acc") is not None else ""
+            ax.plot(steps, [100 * a for a in accuracy], marker=".", label=f"{run['attention']} s{run['seed']}{test}")
+        ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     out = Path(out)

@@ -22,7 +22,8 @@ class Encoder(nn.Module):
     ``block`` and ``head`` are factories (Hydra ``_partial_`` configs); ``attention`` is the composed
     attention config node handed to every block. ``forward`` returns ``(logits, aux_losses)``.
     ``embedding_init_std``: token and position embeddings start N(0, std²) (the reference LRA code's
-    0.02); ``None`` keeps PyTorch's N(0, 1). ``pooling(x, key_mask) -> (B, d)`` (models/pooling.py).
+    0.02); ``None`` keeps PyTorch's N(0, 1). ``learned_positions=False`` drops the absolute position
+    embedding (MEGA's LRA encoder has none). ``pooling(x, key_mask) -> (B, d)`` (models/pooling.py).
     """
 
     def __init__(
@@ -39,14 +40,16 @@ class Encoder(nn.Module):
         ffn_dim: int = 128,
         dropout: float = 0.1,
         embedding_init_std: float | None = 0.02,
+        learned_positions: bool = True,
         pooling: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = masked_mean,
     ):
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, d_model)
-        self.position_embedding = nn.Embedding(max_length, d_model)
+        self.position_embedding = nn.Embedding(max_length, d_model) if learned_positions else None
         if embedding_init_std is not None:
-            nn.init.normal_(self.token_embedding.weight, std=embedding_init_std)
-            nn.init.normal_(self.position_embedding.weight, std=embedding_init_std)
+            for embedding in (self.token_embedding, self.position_embedding):
+                if embedding is not None:
+                    nn.init.normal_(embedding.weight, std=embedding_init_std)
         self.embedding_dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             block(d_model=d_model, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout, attention=attention)
@@ -62,8 +65,10 @@ class Encoder(nn.Module):
         n = input_ids.shape[-1]
         if n > self.max_length:
             raise ValueError(f"sequence of {n} tokens exceeds the model's max_length={self.max_length} (task.max_length)")
-        positions = torch.arange(n, device=input_ids.device)
-        return self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
+        x = self.token_embedding(input_ids)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(torch.arange(n, device=input_ids.device))
+        return self.embedding_dropout(x)
 
     def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
         """``(B, n)`` ids and mask -> pooled features ``(B, d_model)``."""

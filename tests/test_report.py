@@ -102,3 +102,28 @@ def test_published_file_is_consistent():
         for row in table["rows"]:
             assert len(row["acc"]) == len(table["tasks"]), (name, row["attention"])
             assert all(0 < value < 100 for value in row["acc"])
+
+
+def test_steps_wall_time_and_learning_curves(tmp_path):
+    for seed, minutes in enumerate([10.0, 20.0]):
+        write_run(tmp_path / "runs", f"s{seed}", "listops", "curformer", seed, 0.3 + seed / 10)
+        path = tmp_path / "runs" / f"s{seed}" / "results.json"
+        record = json.loads(path.read_text())
+        record.update(steps=5000, train_time_s=60 * minutes, val_curve=[[250, 0.17], [500, 0.2 + seed / 10]])
+        path.write_text(json.dumps(record))
+    out_csv, curves = tmp_path / "t.csv", tmp_path / "curves.png"
+    assert report.main([str(tmp_path / "runs"), "--format", "csv", "--out", str(out_csv), "--curves", str(curves)]) == 0
+    (row,) = list(csv.DictReader(io.StringIO(out_csv.read_text())))
+    assert int(row["steps"]) == 5000 and float(row["train_time_min"]) == pytest.approx(15.0)
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no run has a val_curve"):
+        write_run(tmp_path / "old", "s0", "listops", "curformer", 0, 0.3)
+        report.main([str(tmp_path / "old"), "--curves", str(tmp_path / "none.png")])
+
+
+def test_truncated_results_json_names_the_file(tmp_path):
+    write_run(tmp_path / "runs", "s0", "listops", "softmax", 0, 0.3)
+    path = tmp_path / "runs" / "s0" / "results.json"
+    path.write_text(path.read_text()[:40])
+    with pytest.raises(ValueError, match=f"{path}: not valid JSON.*re-run the job"):
+        report.main([str(tmp_path / "runs")])
