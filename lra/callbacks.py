@@ -1,9 +1,10 @@
-"""Lightning callbacks specific to attention variants (configs/callbacks/*.yaml)."""
+"""Lightning callbacks (configs/callbacks/*.yaml): LiZA's memory-gate schedule; checkpoints and checks of every run."""
 
 from __future__ import annotations
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 GATE_BUFFER = "memory_gate"  # name of the μ buffer of attention.liza.LiZAAttention (scheduled gate)
 
@@ -46,3 +47,57 @@ class MemoryGateSchedule(L.Callback):
         for gate in gates:
             gate.fill_(mu)
         pl_module.log("train/mag", mu, on_step=True, on_epoch=False)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite (raised by :class:`StopOnNonFiniteLoss`)."""
+
+
+class StopOnNonFiniteLoss(L.Callback):
+    """Stop the run as failed, naming the step, as soon as the training loss is NaN or infinite.
+
+    After a NaN loss every later step is NaN too, so training on would only waste time and end in a
+    run that looks completed. :class:`LastCheckpoint` does not save such a model.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None and not torch.isfinite(loss).all():
+            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
+            raise NonFiniteLossError(
+                f"train/loss is {float(loss)} at step {trainer.global_step} (lr {lr:.3g}): training diverged. "
+                "Lower optimizer.lr, or clip gradients with trainer.gradient_clip_val=1.0"
+            )
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` after every validation, at the end of training, and on an exception or SIGTERM
+    (``interrupted-<step>.ckpt`` beside it); re-running into the run dir resumes from it.
+
+    Saved after the validation of its step (Lightning's step-based saving comes before it), so the best
+    checkpoint it names still exists; keep it after the best-checkpoint callback in the config. Not saved
+    when the loss went non-finite (:class:`NonFiniteLossError`): a NaN model is not worth resuming.
+    Lightning's ``save_last`` on a monitored checkpoint only writes when the score improves, hence this class.
+    """
+
+    def __init__(self, dirpath: str, filename: str = "interrupted-{step}"):
+        super().__init__(dirpath=dirpath, filename=filename, save_top_k=0, save_last=True, save_on_exception=True,
+                         auto_insert_metric_name=False, enable_version_counter=False)
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        """Nothing: saved after the step's validation instead."""
+
+    def on_train_epoch_end(self, *args, **kwargs) -> None:
+        """Nothing: epochs do not matter here (``val_check_interval`` counts steps across epochs)."""
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.fast_dev_run and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, NonFiniteLossError):
+            super().on_exception(trainer, pl_module, exception)

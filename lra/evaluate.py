@@ -6,7 +6,8 @@ attention, loads the checkpoint's weights (:func:`lra.checkpoints.load_transferr
 on shared parameters, naming any skipped or freshly initialised one), tests it and writes
 ``<run dir>/results.json`` with ``test_acc``, ``transferred_from``, ``skipped`` and ``initialised``.
 This is CUR paper Table 3 (MEGA -> MegaCUR) and §8 (softmax ViT -> CUR) without fine-tuning; for
-fine-tuning, train with ``init_from=<ckpt>``.
+fine-tuning, train with ``init_from=<ckpt>``. Run dirs go under ``outputs/evaluations/`` (not
+``outputs/runs/``), so a report of training runs never mixes evaluations in.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Hydra callbacks: check a sweep before its first job starts; after it, exit non-zero naming failed jobs.
+"""Hydra callbacks: check a sweep before its first job starts and record its jobs as ``not_started``;
+after it, exit non-zero naming every job that did not complete.
 
 Hydra turns an exception raised by a callback into a warning, so these callbacks end the process
 with ``SystemExit`` (exit code 1, message on stderr) instead.
@@ -7,13 +8,18 @@ with ``SystemExit`` (exit code 1, message on stderr) instead.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
 
 
 def sweep_overrides(config: DictConfig) -> list[str]:
@@ -72,9 +78,77 @@ def local_ddp_problem(config: DictConfig) -> str | None:
     return None
 
 
+def sweep_jobs(config: DictConfig) -> list[tuple[Path, DictConfig]]:
+    """(job dir, job config) of every job the basic sweeper will launch, in its order and numbering.
+
+    Mirrors ``BasicSweeper.sweep``: ``hydra.sweeper.params`` first, then the command line, crossed;
+    each job composed as the launcher does (``load_sweep_config`` with ``hydra.job.num`` set). Empty
+    for another sweeper (its jobs are not known in advance).
+    """
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+        return []
+    loader = GlobalHydra.instance().config_loader()
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [*(f"{k}={v}" for k, v in params.items()), *OmegaConf.select(config, "hydra.overrides.task", default=[])]
+    (batch,) = BasicSweeper.split_arguments(OverridesParser.create(config_loader=loader).parse_overrides(arguments), None)
+    sweep_dir = Path(str(config.hydra.sweep.dir))  # resolved (and ${now:} cached) in the config the launcher reads
+    jobs = []
+    for num, overrides in enumerate(batch):
+        job = loader.load_sweep_config(config, list(overrides))
+        with open_dict(job):
+            job.hydra.job.id = job.hydra.job.num = num
+        jobs.append((sweep_dir / str(job.hydra.sweep.subdir), job))
+    return jobs
+
+
+def record_not_started(config: DictConfig) -> int:
+    """Write ``results.json`` with ``status: not_started`` into every job dir of the sweep that has none
+    (a job deletes it when it starts), so a sweep stopped early still lists its jobs that never ran."""
+    try:
+        jobs = sweep_jobs(config)
+    except Exception as error:  # a job that cannot compose: the sweeper reports it itself
+        log.warning("could not list the sweep's jobs to record them as not started: %s", error)
+        return 0
+    written = 0
+    for job_dir, job in jobs:
+        path = job_dir / "results.json"
+        if path.exists():
+            continue
+        job_config = {k: v for k, v in OmegaConf.to_container(job, resolve=False).items() if k != "hydra"}
+        record = {
+            "task": OmegaConf.select(job, "task.name", default=None), "attention": OmegaConf.select(job, "attention.name", default=None),
+            "seed": OmegaConf.select(job, "seed", default=None), "status": "not_started",
+            "error": "not started (the sweep stopped before this job)", "steps": None,
+            "overrides": list(job.hydra.overrides.task), "config": job_config,
+        }
+        job_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2, default=str))
+        written += 1
+    return written
+
+
+def unfinished_jobs(sweep_dir: Path) -> list[str]:
+    """``<job dir>: <status>: <error>`` for every ``results.json`` under ``sweep_dir`` that is not completed,
+    and for every completed one whose job was re-run with other overrides (the record was kept)."""
+    lines = []
+    for path in sorted(Path(sweep_dir).rglob("results.json")):
+        record = json.loads(path.read_text())
+        status = record.get("status")
+        if status != "completed":
+            step = f" at step {record['steps']}" if record.get("steps") is not None and status != "not_started" else ""
+            lines.append(f"{path.parent}: {status}{step}: {record.get('error', '')}")
+            continue
+        asked = path.parent / ".hydra" / "overrides.yaml"
+        if asked.exists() and sorted(yaml.safe_load(asked.read_text()) or []) != sorted(record.get("overrides") or []):
+            lines.append(f"{path.parent}: not re-run: it holds a completed run of other overrides "
+                         f"({' '.join(record.get('overrides') or [])}); sweep into a new hydra.sweep.dir")
+    return lines
+
+
 class FailOnFailedJobs(Callback):
-    """Before a multirun: every swept config-group option must exist and DDP must be launchable.
-    After it: read every ``results.json`` under the sweep dir and exit 1 if any job failed."""
+    """Before a multirun: every swept config-group option must exist and DDP must be launchable; then
+    every job dir without a ``results.json`` gets one with ``status: not_started``.
+    After it: read every ``results.json`` under the sweep dir and exit 1 if any job did not complete."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         problems = missing_options(sweep_overrides(config), hydra_group_options(config))
@@ -82,13 +156,12 @@ class FailOnFailedJobs(Callback):
         problems += [ddp] if ddp else []
         if problems:
             raise SystemExit("Sweep not started:\n  " + "\n  ".join(problems))
+        record_not_started(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        failed = []
-        for path in sorted(sweep_dir.rglob("results.json")):
-            record = json.loads(path.read_text())
-            if record.get("status") != "completed":
-                failed.append(f"{path.parent}: {record.get('error', record.get('status'))}")
-        if failed:
-            raise SystemExit(f"{len(failed)} job(s) of the sweep in {sweep_dir} failed:\n  " + "\n  ".join(failed))
+        unfinished = unfinished_jobs(sweep_dir)
+        if unfinished:
+            raise SystemExit(f"{len(unfinished)} job(s) of the sweep in {sweep_dir} failed or did not complete "
+                             f"(re-run the same command with hydra.sweep.dir={sweep_dir} to run only these):\n  "
+                             + "\n  ".join(unfinished))

@@ -44,6 +44,29 @@ def job_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
+def read_results(run_dir: Path) -> dict | None:
+    """``run_dir/results.json`` as a dict, or None when there is none (or it is unreadable)."""
+    try:
+        return json.loads((Path(run_dir) / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists are values)."""
+    if not isinstance(node, dict) or not node:
+        return {prefix: node}
+    return {k: v for key, value in node.items() for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()}
+
+
+def config_differences(recorded: dict, current: dict, limit: int = 5) -> list[str]:
+    """``key: recorded -> current`` for the (first ``limit``) keys whose values differ, as JSON stores them."""
+    old, new = flatten(recorded), flatten(json.loads(json.dumps(current, default=str)))
+    keys = sorted(key for key in old.keys() | new.keys() if old.get(key, "<absent>") != new.get(key, "<absent>"))
+    shown = [f"{key}: {old.get(key, '<absent>')} -> {new.get(key, '<absent>')}" for key in keys[:limit]]
+    return shown + ([f"{len(keys) - limit} more"] if len(keys) > limit else [])
+
+
 def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> Path:
     """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics.
 

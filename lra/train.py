@@ -2,12 +2,17 @@
 
 Composes ``configs/train.yaml``, builds the datamodule, model, callbacks, loggers and trainer from
 their ``_target_`` configs, fits (resuming from ``<run dir>/checkpoints/last.ckpt`` when present),
-tests the best-validation checkpoint and writes ``<run dir>/results.json``. In a multirun a failing
-job records ``status: failed`` and the sweep goes on; the sweep exits non-zero at the end.
+tests the best-validation checkpoint and writes ``<run dir>/results.json``. A run dir that already
+holds a completed run is not trained again. In a multirun a failing job records ``status: failed``
+and the sweep goes on; the sweep exits non-zero at the end. SIGTERM (preemption) records
+``status: interrupted`` with the step, stops the run (and a sweep) and exits 143; re-running resumes.
 """
 
 from __future__ import annotations
 
+import math
+import signal
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -20,18 +25,42 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lra.checkpoints import load_transferred_weights
-from lra.module import build_module
-from lra.results import job_overrides, write_results
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lra.checkpoints import load_transferred_weights
+from lra.hydra_callbacks import unfinished_jobs
+from lra.module import build_module
+from lra.results import config_differences, job_overrides, read_results, write_results
+
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate(cfg: DictConfig) -> None:
-    """Errors Lightning would give late or cryptically, given early with the config key to fix."""
+    """Errors Lightning would give late, cryptically or never (a silent bad run), given early with the key to fix."""
+    if not is_int(cfg.seed):
+        raise ValueError(f"seed must be an integer (got {cfg.seed!r}); e.g. seed=0, or -m seed=0,1,2 for a sweep")
     if cfg.trainer.max_steps is None or cfg.trainer.max_steps < 1:
         raise ValueError(f"trainer.max_steps must be >= 1 (got {cfg.trainer.max_steps}); e.g. trainer.max_steps=100")
-    if cfg.task.eval_every < 1:
-        raise ValueError(f"task.eval_every must be >= 1 (got {cfg.task.eval_every})")
+    if not is_int(cfg.task.eval_every) or cfg.task.eval_every < 1:
+        raise ValueError(f"task.eval_every must be an integer >= 1 (got {cfg.task.eval_every!r}); e.g. task.eval_every=50")
+    if cfg.trainer.max_steps < cfg.task.eval_every:
+        raise ValueError(
+            f"trainer.max_steps ({cfg.trainer.max_steps}) < task.eval_every ({cfg.task.eval_every}): no evaluation would "
+            f"run, so there would be no best checkpoint to test. Set task.eval_every={cfg.trainer.max_steps} (or lower), "
+            f"or raise trainer.max_steps"
+        )
+    if not is_int(cfg.task.max_length) or cfg.task.max_length < 1:
+        raise ValueError(f"task.max_length must be an integer >= 1 (got {cfg.task.max_length!r}): sequences are "
+                         f"truncated to it; e.g. task.max_length=2000 (ListOps in LRA)")
+    if not is_int(cfg.task.batch_size) or cfg.task.batch_size < 1:
+        raise ValueError(f"task.batch_size must be an integer >= 1 (got {cfg.task.batch_size!r}); e.g. task.batch_size=32")
+    lr = OmegaConf.select(cfg, "optimizer.lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0):
+        raise ValueError(f"optimizer.lr must be a finite number > 0 (got {lr!r}); e.g. optimizer.lr=1e-4 (the LRA setting)")
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
@@ -59,10 +88,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         resumed_from_step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
         print(f"[lra] resuming from {last} (step {resumed_from_step})", flush=True)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.exists() else None)
-    train_time = time.perf_counter() - started
-    has_best = bool(getattr(trainer.checkpoint_callback, "best_model_path", ""))
-    test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path="best" if has_best else None)[0]
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.exists() else None)
+        train_time = time.perf_counter() - started
+        has_best = bool(getattr(trainer.checkpoint_callback, "best_model_path", ""))
+        val_curve = list(module.val_curve)  # testing loads the best checkpoint, whose curve ends at its step
+        test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path="best" if has_best else None)[0]
+    except BaseException as error:
+        error.step = trainer.global_step  # the step the failed / interrupted record names
+        raise
     return {
         "val_acc_best": float(module.val_acc_best.compute()),
         "test_acc": float(test_metrics["test/acc"]),
@@ -71,7 +105,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "samples_per_s": module.samples_seen * trainer.world_size / train_time if train_time > 0 else None,
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if has_best else None,
         "resumed_from_step": resumed_from_step,
-        "val_curve": module.val_curve,
+        "val_curve": val_curve,
     }
 
 
@@ -83,6 +117,36 @@ def finish_wandb() -> None:
         wandb.finish()
 
 
+def stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM outside Lightning's fit/test (data set-up, between sweep jobs): stop now, as an interruption.
+    Inside them Lightning's own handler (which calls this one too) stops at the end of the batch."""
+    if signal.getsignal(signal.SIGTERM) is stop_on_sigterm:
+        raise SIGTERMException(SIGTERM_EXIT_CODE)
+
+
+def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | None:
+    """The completed record in ``run_dir`` (then this run is not trained again), or None.
+
+    Same settings: the record is returned as it is. Other settings: an error (a single run) or a
+    message (a sweep job), and the record is left unchanged either way.
+    """
+    record = read_results(run_dir)
+    if record is None or record.get("status") != "completed":
+        return None
+    differences = config_differences(record.get("config") or {}, OmegaConf.to_container(cfg, resolve=False))
+    if differences:
+        message = (f"{run_dir} already holds a completed run with other settings ({'; '.join(differences)}): not "
+                   f"re-run, its results.json is kept. Train these settings in a new dir (drop hydra.run.dir / "
+                   f"hydra.sweep.dir), or delete {run_dir / 'results.json'} to train into this one")
+        if not multirun:
+            raise SystemExit(f"[lra] NOT RE-RUN: {message}")
+        print(f"[lra] NOT RE-RUN: {message}", flush=True)
+    else:
+        print(f"[lra] already completed: test acc {record.get('test_acc')} at step {record.get('steps')}; results kept "
+              f"in {run_dir / 'results.json'} (delete it to train again)", flush=True)
+    return record
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
@@ -91,12 +155,28 @@ def main(cfg: DictConfig) -> float | None:
     if multirun and cfg.get("group") is None:
         with open_dict(cfg):
             cfg.group = Path(hydra_cfg.sweep.dir).name
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     print(f"[lra] run dir: {run_dir}", flush=True)
+    if (record := already_completed(run_dir, cfg, multirun)) is not None:
+        return record.get("test_acc")
+    if (read_results(run_dir) or {}).get("status") == "not_started":  # written when the sweep started; a job
+        (run_dir / "results.json").unlink()  # killed from now on shows as "missing" (no results.json), as before
     try:
         metrics = train(cfg, run_dir)
+    except SIGTERMException as error:
+        step = getattr(error, "step", None)
+        path = write_results(run_dir, cfg, "interrupted", steps=step, error="SIGTERM (preempted or stopped)")
+        same_dir = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else f"hydra.run.dir={run_dir}"
+        print(f"[lra] INTERRUPTED by SIGTERM at step {step}: {path}; re-run the same command with {same_dir} "
+              f"to resume from checkpoints/last.ckpt", flush=True)
+        if multirun:
+            sweep_dir = Path(hydra_cfg.sweep.dir)
+            print(f"[lra] sweep {sweep_dir} stopped; unfinished jobs:\n  " + "\n  ".join(unfinished_jobs(sweep_dir)),
+                  file=sys.stderr, flush=True)
+        raise SystemExit(SIGTERM_EXIT_CODE) from error
     except Exception as error:
         path = write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}",
-                             traceback=traceback.format_exc())
+                             steps=getattr(error, "step", None), traceback=traceback.format_exc())
         print(f"[lra] FAILED: {type(error).__name__}: {error} (details in {path})", flush=True)
         if not multirun:
             raise

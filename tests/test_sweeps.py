@@ -70,8 +70,8 @@ def test_failed_job_is_reported_and_fails_the_sweep(tiny_listops_overrides, tmp_
     assert report.main([str(sweep), "--out", str(out)]) == 0
     text = out.read_text()
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
-    assert header[:6] == ["task", "attention", "trainer.max_steps", "seeds", "failed", "missing"]
-    assert sorted(row[2:6] for row in rows) == [["0", "0", "1", "0"], ["4", "1", "0", "0"]]
+    assert header[:7] == ["task", "attention", "trainer.max_steps", "seeds", "failed", "interrupted", "missing"]
+    assert sorted(row[2:7] for row in rows) == [["0", "0", "1", "0", "0"], ["4", "1", "0", "0", "0"]]
     assert "1 run(s) not completed" in text and "failed: listops_small / softmax / seed 0" in text
 
 

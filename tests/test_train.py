@@ -28,6 +28,7 @@ def test_few_step_run_writes_results(tiny_listops_overrides, tmp_path):
     assert RESULT_FIELDS <= results.keys()
     assert results["status"] == "completed"
     assert results["steps"] == 4
+    assert [step for step, _ in results["val_curve"]] == [2, 4]  # every evaluation, not only up to the best
     assert 0.0 <= results["test_acc"] <= 1.0
     assert results["samples_per_s"] > 0 and results["peak_mem_bytes"] > 0
     assert results["config"]["task"]["name"] == "listops_small"
@@ -86,9 +87,9 @@ def checkpoint_step(path) -> int:
 
 
 def test_last_checkpoint_follows_training_not_the_best_score(tiny_listops_overrides, tmp_path):
-    """lr = 0: val/acc never improves after the first evaluation, yet last.ckpt holds the final step."""
+    """lr = 1e-30 (0 is refused): val/acc never improves after the first evaluation, yet last.ckpt holds the final step."""
     run_dir = tmp_path / "run"
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=0", "task.eval_every=5",
+    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=1e-30", "task.eval_every=5",
                     "trainer.max_steps=15", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     checkpoints = run_dir / "checkpoints"
@@ -97,7 +98,8 @@ def test_last_checkpoint_follows_training_not_the_best_score(tiny_listops_overri
 
 
 def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides, tmp_path):
-    """SIGTERM (e.g. SLURM preemption) between evaluations: interrupted-<step>.ckpt and last.ckpt at that step."""
+    """SIGTERM (e.g. SLURM preemption) between evaluations: interrupted-<step>.ckpt and last.ckpt at that step,
+    results.json says ``interrupted`` at that step, the exit code is 143 (128 + SIGTERM)."""
     run_dir = tmp_path / "run"
     args = ["-m", "lra.train", *tiny_listops_overrides, "task.eval_every=1000", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true"}
@@ -111,12 +113,16 @@ def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides
         time.sleep(0.2)
     first.send_signal(signal.SIGTERM)
     first.wait(timeout=120)
+    assert first.returncode == 128 + signal.SIGTERM
     interrupted = list((run_dir / "checkpoints").glob("interrupted-*.ckpt"))
     assert len(interrupted) == 1, "no checkpoint was written on SIGTERM"
     step = checkpoint_step(interrupted[0])
     assert step > 0 and checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == step
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "interrupted" and record["steps"] == step
 
-    second = run_cli([*args, f"trainer.max_steps={step + 3}"])
+    # eval_every as long as the rest of the run: a run with no evaluation is refused
+    second = run_cli([*args, f"trainer.max_steps={step + 3}", f"task.eval_every={step + 3}"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"(step {step})" in second.stdout
     assert json.loads((run_dir / "results.json").read_text())["steps"] == step + 3

@@ -1,0 +1,177 @@
+"""A run's record through re-runs, SIGTERM, divergence and bad settings — real processes, real signals.
+
+- a completed run (or sweep) re-run into its dir is skipped and its results.json is kept byte for byte;
+- a run killed after its last step resumes there and tests the best checkpoint (which exists);
+- SIGTERM records ``status: interrupted`` with the step and exits 143; a sweep also lists the jobs it
+  never started (``not_started``) and re-running it finishes only those;
+- a NaN loss, an empty split and settings with which no evaluation runs stop with the key to fix;
+- ``lra.evaluate`` writes under ``outputs/evaluations``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from lra import REPO_ROOT
+from lra.train import SIGTERM_EXIT_CODE, validate
+from tests.conftest import CONFIG_DIR, compose_config, run_cli
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    """``python <args>`` in the background (output to pipes read after it ends)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def sigterm_once_training(proc: subprocess.Popen, metrics_glob: str, root: Path, timeout: float = 600) -> tuple[str, str]:
+    """SIGTERM ``proc`` once a CSV metrics file under ``root`` has a few training rows; its (stdout, stderr)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        files = list(root.glob(metrics_glob))
+        if files and len(files[0].read_text().splitlines()) > 3:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.kill(proc.pid, signal.SIGTERM)
+    return proc.communicate(timeout=300)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer.lr=nan", "optimizer.lr must be a finite number > 0 (got nan)"),
+    ("optimizer.lr=-1e-3", "optimizer.lr must be a finite number > 0"),
+    ("task.batch_size=0", "task.batch_size must be an integer >= 1 (got 0)"),
+    ("seed=abc", "seed must be an integer (got 'abc')"),
+    ("seed=1.5", "seed must be an integer (got 1.5)"),
+    ("task.max_length=0", "task.max_length must be an integer >= 1 (got 0)"),
+    ("trainer.max_steps=3", "trainer.max_steps (3) < task.eval_every (5): no evaluation would run"),
+])
+def test_bad_settings_name_the_key_and_the_fix(override, message, tmp_path):
+    steps = [] if override.startswith("trainer.max_steps") else ["trainer.max_steps=10"]
+    cfg = compose_config(["task=listops_small", "task.eval_every=5", *steps, override], tmp_path)
+    with pytest.raises(ValueError) as error:
+        validate(cfg)
+    text = str(error.value)
+    assert message in text
+    assert "e.g." in text or "Set task.eval_every=3" in text  # the fix
+
+
+def test_seed_abc_on_the_command_line_names_the_key(tiny_listops_overrides, tmp_path):
+    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "seed=abc", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 1
+    assert "seed must be an integer (got 'abc')" in proc.stderr
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"
+
+
+def test_rerun_of_a_completed_run_keeps_its_record_and_a_killed_finish_resumes(tiny_listops_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={run_dir}"]
+    first = run_cli(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = (run_dir / "results.json").read_bytes()
+    original = json.loads(record)
+
+    again = run_cli(args)  # same settings: skipped, record untouched
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[lra] already completed" in again.stdout
+    assert (run_dir / "results.json").read_bytes() == record
+
+    other = run_cli([*args, "trainer.max_steps=6"])  # other settings: refused, record untouched
+    assert other.returncode == 1
+    assert "NOT RE-RUN" in other.stderr and "trainer.max_steps: 4 -> 6" in other.stderr
+    assert (run_dir / "results.json").read_bytes() == record
+
+    # Killed between its last step and its results (the record is gone): resumes at the last step and
+    # tests the best checkpoint last.ckpt names (it was saved after that step's validation, so it exists).
+    (run_dir / "results.json").unlink()
+    resumed = run_cli(args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again_record = json.loads((run_dir / "results.json").read_text())
+    assert again_record["status"] == "completed" and again_record["resumed_from_step"] == 4
+    assert again_record["test_acc"] == original["test_acc"]
+    assert Path(again_record["best_checkpoint"]).is_file()
+    assert [point[0] for point in again_record["val_curve"]] == [2, 4]
+
+
+def test_nan_loss_fails_the_run_naming_the_step(tiny_listops_overrides, tmp_path):
+    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=1e6", "scheduler=none",
+                    "trainer.max_steps=10", "task.eval_every=5", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 1
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("NonFiniteLossError: train/loss is")
+    assert f"at step {record['steps']}" in record["error"] and "optimizer.lr" in record["error"]
+    assert record["steps"] < 10
+    assert not list((tmp_path / "checkpoints").glob("interrupted-*.ckpt"))  # a NaN model is not kept to resume
+
+
+def test_empty_val_split_stops_before_training(tiny_listops, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_listops, data)
+    header = (data / "basic_val.tsv").read_text().splitlines()[0]
+    (data / "basic_val.tsv").write_text(header + "\n")
+    proc = run_cli(["-m", "lra.train", "task=listops_small", f"task.data_dir={data}", f"paths.cache_dir={tmp_path / 'cache'}",
+                    "trainer.max_steps=4", "task.eval_every=2", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 1
+    assert "the val split is empty" in proc.stderr  # raised by the datamodule (lra/tasks/base.py)
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["status"] == "failed" and "val split is empty" in record["error"]
+
+
+@pytest.mark.slow
+def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished(tiny_listops_overrides, tmp_path):
+    sweep = tmp_path / "sweep"
+    base = ["-m", "lra.train", "-m", *tiny_listops_overrides, "seed=0,1", f"hydra.sweep.dir={sweep}"]
+    proc = start([*base, "trainer.max_steps=100000", "trainer.log_every_n_steps=1"])
+    out, err = sigterm_once_training(proc, "0_*/csv/version_0/metrics.csv", sweep)
+    assert proc.returncode == SIGTERM_EXIT_CODE, err[-3000:]
+    job0, job1 = sorted(path for path in sweep.iterdir() if path.is_dir() and not path.name.startswith("."))
+    first, second = (json.loads((job / "results.json").read_text()) for job in (job0, job1))
+    assert first["status"] == "interrupted" and first["steps"] > 0
+    assert second["status"] == "not_started" and second["seed"] == 1 and "seed=1" in second["overrides"]
+    assert "[lra] INTERRUPTED by SIGTERM" in out
+    assert f"{job0}: interrupted at step {first['steps']}" in err and f"{job1}: not_started" in err
+
+    steps = first["steps"] + 2
+    finish = [*base, f"trainer.max_steps={steps}"]
+    done = run_cli(finish)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads((job / "results.json").read_text()) for job in (job0, job1)]
+    assert [r["status"] for r in records] == ["completed", "completed"]
+    assert records[0]["resumed_from_step"] == first["steps"] and records[1]["resumed_from_step"] is None
+    assert all(r["steps"] == steps for r in records)
+
+    kept = [(job / "results.json").read_bytes() for job in (job0, job1)]
+    again = run_cli(finish)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("[lra] already completed") == 2
+    assert [(job / "results.json").read_bytes() for job in (job0, job1)] == kept
+
+
+def test_sigterm_before_training_starts_is_an_interruption(tiny_listops_overrides, tmp_path):
+    """SIGTERM while the run is set up (outside Lightning's handler) is recorded as an interruption too."""
+    proc = start(["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={tmp_path}"])
+    first_line = proc.stdout.readline()  # "[lra] run dir: ..." is printed once the handler is in place
+    assert "run dir:" in first_line
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == SIGTERM_EXIT_CODE, err[-3000:]
+    assert "[lra] INTERRUPTED by SIGTERM" in out
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "interrupted"
+
+
+def test_evaluate_writes_under_outputs_evaluations():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        evaluation = compose(config_name="evaluate", overrides=["ckpt_path=x.ckpt"], return_hydra_config=True)
+        training = compose(config_name="train", return_hydra_config=True)
+    assert "/evaluations/" in evaluation.hydra.run.dir and "/evaluations/" in evaluation.hydra.sweep.dir
+    assert "/runs/" in training.hydra.run.dir and "/evaluations/" not in training.hydra.sweep.dir
