@@ -3,7 +3,8 @@
 Names (default: all three): ``lra_release`` (the LRA release tarball: ListOps, Retrieval/AAN,
 Pathfinder and Path-X), ``imdb`` (``aclImdb`` for Text), ``cifar10`` (``cifar-10-batches-py`` for
 Image). Archives are kept in ``data/downloads/`` (a finished archive is not fetched again) and
-unpacked into ``data/``; a folder already unpacked is left alone. ``--tfds imdb_reviews cifar10``
+unpacked into ``data/``; a folder whose unpack finished (it holds the ``.unpacked`` marker) is left
+alone, one without it (an unpack killed part-way) is unpacked again. ``--tfds imdb_reviews cifar10``
 prepares the TFDS versions instead (needs ``requirements-data.txt``), in the array_record format
 our readers use. ``--url NAME=URL`` fetches from a mirror (any URL urllib opens, ``file://`` too).
 The layouts are documented in ``data/README.md``.
@@ -44,6 +45,7 @@ SOURCES = {
 }
 TFDS_NAMES = ("imdb_reviews", "cifar10")
 CHUNK = 1 << 20
+MARKER = ".unpacked"  # written into the unpacked folder after the last member: its absence means "incomplete"
 
 
 def fetch(url: str, target: Path) -> None:
@@ -67,29 +69,47 @@ def fetch(url: str, target: Path) -> None:
 
 
 def unpack(archive: Path, data_dir: Path, expected: str) -> Path:
-    """Extract the tar ``archive`` (any compression) into ``data_dir``; it must create ``data_dir/expected``."""
+    """Extract the tar ``archive`` (any compression) into ``data_dir``; it must create ``data_dir/expected``.
+
+    ``data_dir/expected/.unpacked`` (:data:`MARKER`) is written only once every member is out, so an unpack
+    that was killed part-way is recognised by its missing marker and redone (members are overwritten)."""
+    (data_dir / expected / MARKER).unlink(missing_ok=True)
+    count = 0
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = tar.getmembers()
             for member in tqdm(members, desc=f"unpacking {archive.name}", unit="file", mininterval=2):
                 tar.extract(member, data_dir, filter="data")
+                count += member.isfile()
     except (tarfile.TarError, EOFError, OSError) as error:
         raise RuntimeError(
             f"{archive} is not a readable tar archive ({error}); delete it and run the command again to re-download"
         ) from error
     if not (data_dir / expected).is_dir():
         raise RuntimeError(f"{archive} did not unpack to {data_dir / expected}; is it the right archive?")
+    (data_dir / expected / MARKER).write_text(f"{archive.name}\t{archive.stat().st_size}\t{count} files\n")
     return data_dir / expected
 
 
 def download(name: str, data_dir: Path, url: str | None = None) -> Path:
-    """Fetch (unless already in ``data_dir/downloads``) and unpack source ``name``; return the unpacked folder."""
+    """Fetch (unless already in ``data_dir/downloads``) and unpack source ``name``; return the unpacked folder.
+
+    A folder without the marker of a finished unpack is unpacked again from the archive in ``downloads/``;
+    without that archive it is an error that says how to go on (it may be a complete copy made by hand)."""
     source = SOURCES[name]
     folder = data_dir / source.unpacks_to
-    if folder.is_dir() and any(folder.iterdir()):
+    archive = data_dir / "downloads" / source.archive
+    if (folder / MARKER).is_file():
         print(f"{name}: {folder} is already there (delete it to unpack again)")
         return folder
-    archive = data_dir / "downloads" / source.archive
+    if folder.is_dir() and any(folder.iterdir()):
+        if not archive.exists():
+            raise RuntimeError(
+                f"{name}: {folder} has no {MARKER} marker, so its unpack may not have finished, and there is no "
+                f"{archive} to unpack it again from: delete {folder} and run the command again to fetch and unpack it, "
+                f"or, if you copied a complete folder in yourself, accept it with 'touch {folder / MARKER}'"
+            )
+        print(f"{name}: {folder} has no {MARKER} marker: its unpack did not finish; unpacking {archive} again")
     if not archive.exists():
         print(f"{name}: fetching {source.about}")
         fetch(url or source.url, archive)

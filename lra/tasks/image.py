@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule, TokenizedSplit, file_fingerprint
 from lra.tasks.tfds_source import load_tfds, tfds_prepared
 
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -91,13 +91,15 @@ class ImageDataModule(CachedDataModule):
         source = self.resolved_source
         settings = {**super().cache_settings(), "source": source, "weights": list(WEIGHTS), "train_fraction": TRAIN_FRACTION}
         if source == "pickle":
-            settings["file_sizes"] = {
-                name: (self.data_dir / name).stat().st_size if (self.data_dir / name).exists() else None
-                for name in TRAIN_FILES + TEST_FILES
-            }
+            settings["files"] = {name: file_fingerprint(self.data_dir / name) for name in TRAIN_FILES + TEST_FILES}
         else:
             settings["tfds_data_dir"] = self.tfds_data_dir
         return settings
+
+    def split_source(self, split: str) -> str:
+        if self.resolved_source == "tfds":
+            return f"TFDS cifar10 {'test' if split == 'test' else 'train'} in {self.tfds_data_dir or 'the TFDS default directory'}"
+        return ", ".join(str(self.data_dir / name) for name in (TEST_FILES if split == "test" else TRAIN_FILES))
 
     def check_data(self) -> None:
         if self.resolved_source == "tfds":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule, TokenizedSplit, atomic_write_text, file_fingerprint, locked
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -80,7 +80,10 @@ def generate(
     out: Path, sizes: dict[str, int], seed: int, min_length: int = 500, max_length: int = 2000,
     max_depth: int = 10, max_args: int = 10,
 ) -> None:
-    """Write ``out/basic_{train,val,test}.tsv`` with unique examples of ``min_length < length < max_length``."""
+    """Write ``out/basic_{train,val,test}.tsv`` with unique examples of ``min_length < length < max_length``.
+
+    Each file is written whole or not at all (a temporary file renamed into place), so a killed run
+    never leaves a truncated split that looks complete."""
     rng = random.Random(seed)
     seen: set[str] = set()
     out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +100,7 @@ def generate(
                 seen.add(source)
                 rows.append(f"{source}\t{evaluate(tree)}")
                 progress.update()
-            (out / f"basic_{split}.tsv").write_text("\n".join([HEADER, *rows]) + "\n")
+            atomic_write_text(out / f"basic_{split}.tsv", "\n".join([HEADER, *rows]) + "\n")
 
 
 def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
@@ -135,17 +138,26 @@ class ListOpsDataModule(CachedDataModule):
         return {split: self.data_dir / f"basic_{split}.tsv" for split in ("train", "val", "test")}
 
     def cache_settings(self) -> dict:
-        files = {split: path.stat().st_size if path.exists() else None for split, path in self.paths().items()}
-        return {**super().cache_settings(), "vocab": list(VOCAB), "file_sizes": files}
+        files = {split: file_fingerprint(path) for split, path in self.paths().items()}
+        return {**super().cache_settings(), "vocab": list(VOCAB), "files": files}
+
+    def split_source(self, split: str) -> str:
+        return str(self.paths()[split])
+
+    def missing(self) -> list[str]:
+        return [str(path) for path in self.paths().values() if not path.exists()]
 
     def check_data(self) -> None:
-        missing = [str(path) for path in self.paths().values() if not path.exists()]
-        if not missing:
+        if not self.missing():
             return
         if self.generate_settings is not None:
-            settings = dict(self.generate_settings)
-            generate(self.data_dir, settings.pop("sizes"), **settings)
+            # parallel runs on a fresh clone: one generates, the others wait and then find the files
+            with locked(self.data_dir.parent / f".{self.data_dir.name}.generate.lock", f"generating {self.data_dir}"):
+                if self.missing():
+                    settings = dict(self.generate_settings)
+                    generate(self.data_dir, settings.pop("sizes"), **settings)
             return
+        missing = self.missing()
         raise FileNotFoundError(
             f"ListOps data not found: {', '.join(missing)}. Download the LRA release into data/ "
             "(scripts/download_lra.sh, see data/README.md) or generate it with "

@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule, TokenizedSplit, file_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +147,16 @@ class PathfinderDataModule(CachedDataModule):
         self.listing: Listing | None = None
 
     def cache_settings(self) -> dict:
+        """The metadata files by size and mtime, and each ``imgs/<batch>`` folder's mtime (an image added, removed
+        or renamed there changes it). An image edited in place is not seen: that needs ``rm -r data/cache``."""
         metadata = metadata_files(self.data_dir)
+        batches = sorted((self.data_dir / "imgs").glob("*"), key=natural_key)
         return {**super().cache_settings(), "resolution": self.resolution, "seed": self.seed, "fractions": FRACTIONS,
-                "metadata": [[path.name, path.stat().st_size] for path in metadata]}
+                "metadata": [[path.name, *file_fingerprint(path)] for path in metadata],
+                "imgs": [[path.name, path.stat().st_mtime_ns] for path in batches]}
+
+    def split_source(self, split: str) -> str:
+        return f"{self.data_dir}/metadata/*.npy (split {split} is {FRACTIONS[split]:.0%} of the non-empty images listed)"
 
     def check_data(self) -> None:
         metadata = self.data_dir / "metadata"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule, TokenizedSplit, file_fingerprint
 from lra.tasks.text import BYTE_OFFSET, byte_ids
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
@@ -58,8 +58,11 @@ class RetrievalDataModule(CachedDataModule):
         return {split: self.data_dir / name for split, name in FILES.items()}
 
     def cache_settings(self) -> dict:
-        files = {split: path.stat().st_size if path.exists() else None for split, path in self.paths().items()}
-        return {**super().cache_settings(), "byte_offset": BYTE_OFFSET, "file_sizes": files}
+        files = {split: file_fingerprint(path) for split, path in self.paths().items()}
+        return {**super().cache_settings(), "byte_offset": BYTE_OFFSET, "files": files}
+
+    def split_source(self, split: str) -> str:
+        return str(self.paths()[split])
 
     def check_data(self) -> None:
         missing = [str(path) for path in self.paths().values() if not path.exists()]

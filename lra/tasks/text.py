@@ -14,12 +14,13 @@ comparability. ``val_split`` (a fraction) instead holds out a seeded random part
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule, TokenizedSplit, file_fingerprint
 from lra.tasks.tfds_source import load_tfds, tfds_prepared
 
 BYTE_OFFSET = 1  # id = byte + 1, 0 = pad
@@ -35,6 +36,17 @@ def byte_ids(text: bytes | str, max_length: int) -> np.ndarray:
 def folder_files(root: Path, split: str) -> list[tuple[Path, int]]:
     """``(path, label)`` for ``root/<split>/{neg,pos}/*.txt``, negatives first, each folder sorted by name."""
     return [(path, label) for name, label in LABELS.items() for path in sorted((root / split / name).glob("*.txt"))]
+
+
+def folder_fingerprint(files: list[tuple[Path, int]]) -> list[int]:
+    """``[count, total bytes, digest of the names and mtimes]``: an added, removed, renamed or edited review
+    (even one edited to the same size) changes it, so the cache is rebuilt."""
+    digest, total = hashlib.sha256(), 0
+    for path, _ in files:
+        size, mtime = file_fingerprint(path)
+        digest.update(f"{path.parent.name}/{path.name}\t{size}\t{mtime}\n".encode())
+        total += size
+    return [len(files), total, int(digest.hexdigest()[:15], 16)]
 
 
 def read_folder(root: Path, split: str, max_length: int) -> tuple[list[np.ndarray], list[int]]:
@@ -89,13 +101,16 @@ class TextDataModule(CachedDataModule):
         settings = {**super().cache_settings(), "source": source, "byte_offset": BYTE_OFFSET,
                     "val_split": self.val_split, "seed": self.seed if self.val_split else None}
         if source == "folder":
-            settings["files"] = {  # (count, total bytes): an added, removed or edited review rebuilds the cache
-                split: (len(files), sum(path.stat().st_size for path, _ in files))
-                for split in ("train", "test") for files in [folder_files(self.data_dir, split)]
-            }
+            settings["files"] = {split: folder_fingerprint(folder_files(self.data_dir, split)) for split in ("train", "test")}
         else:
             settings["tfds_data_dir"] = self.tfds_data_dir
         return settings
+
+    def split_source(self, split: str) -> str:
+        imdb_split = "test" if split == "test" or (split == "val" and self.val_split is None) else "train"
+        if self.resolved_source == "tfds":
+            return f"TFDS imdb_reviews {imdb_split} in {self.tfds_data_dir or 'the TFDS default directory'}"
+        return f"{self.data_dir / imdb_split}/{{neg,pos}}/*.txt"
 
     def check_data(self) -> None:
         if self.resolved_source == "tfds":

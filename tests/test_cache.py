@@ -1,0 +1,85 @@
+"""The split cache: parallel builders, content changes of the same size, empty splits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lra import REPO_ROOT
+from lra.tasks import listops
+from lra.tasks.base import SPLITS
+
+PROCESSES = 4
+SIZES = {"train": 48, "val": 16, "test": 16}
+
+# One sweep job's data step: generate the data when missing, build the caches, print a digest of the splits.
+BUILD = """
+import hashlib, sys, time
+from pathlib import Path
+from lra.tasks.listops import ListOpsDataModule
+ready, go, data_dir, cache_dir = map(Path, sys.argv[1:5])
+ready.touch()
+while not go.exists():
+    time.sleep(0.005)
+module = ListOpsDataModule(data_dir=str(data_dir), max_length=60, batch_size=4, cache_dir=str(cache_dir),
+                           generate={"sizes": %r, "seed": 0, "min_length": 10, "max_length": 60})
+module.prepare_data()
+module.setup()
+print(hashlib.sha256(b"".join(module.splits[s].ids.numpy().tobytes() for s in ("train", "val", "test"))).hexdigest())
+""" % (SIZES,)
+
+
+def test_parallel_processes_generate_and_cache_the_same_data_without_failing(tmp_path):
+    data_dir, cache_dir, go = tmp_path / "listops", tmp_path / "cache", tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path / f"ready{i}"), str(go), str(data_dir), str(cache_dir)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for i in range(PROCESSES)
+    ]
+    deadline = time.monotonic() + 600  # generous: imports take minutes on a loaded 2-core machine
+    while not all((tmp_path / f"ready{i}").exists() for i in range(PROCESSES)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()  # all imported: start together
+    outputs = [proc.communicate(timeout=900) for proc in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+    digests = {out.strip() for out, _ in outputs}
+    assert len(digests) == 1 and "" not in digests  # every process got the same, whole data
+    (folder,) = cache_dir.iterdir()
+    assert sorted(path.name for path in folder.glob("*.pt")) == sorted(f"{split}.pt" for split in SPLITS)
+    assert not list(folder.glob("*.tmp")) and not list(data_dir.glob("*.tmp"))  # no temporary file left behind
+
+
+def module(data_dir, cache_dir) -> listops.ListOpsDataModule:
+    return listops.ListOpsDataModule(data_dir=str(data_dir), max_length=60, batch_size=4, cache_dir=str(cache_dir))
+
+
+def test_a_file_edited_in_place_to_the_same_size_rebuilds_the_cache(tmp_path):
+    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    before = module(tmp_path / "data", tmp_path / "cache")
+    before.setup()
+    old_cache = before.cache_path("test")
+    path = tmp_path / "data" / "basic_test.tsv"
+    lines = path.read_text().splitlines()
+    source, target = lines[1].split("\t")
+    lines[1] = f"{source}\t{(int(target) + 1) % 10}"  # one label changed: same size, other content
+    time.sleep(0.01)  # past the file system's timestamp tick
+    path.write_text("\n".join(lines) + "\n")
+    after = module(tmp_path / "data", tmp_path / "cache")
+    after.setup()
+    assert after.cache_path("test") != old_cache
+    assert after.splits["test"].labels[0] == (before.splits["test"].labels[0] + 1) % 10
+    assert after.splits["train"].ids.equal(before.splits["train"].ids)
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_an_empty_split_is_an_error_naming_the_file_and_the_fix(tmp_path, split):
+    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    (tmp_path / "data" / f"basic_{split}.tsv").write_text(listops.HEADER + "\n")  # header, no rows
+    with pytest.raises(ValueError, match=rf"the {split} split is empty .*basic_{split}\.tsv.*re-download or regenerate"):
+        module(tmp_path / "data", tmp_path / "cache").setup()
