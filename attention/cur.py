@@ -9,7 +9,9 @@ Per sequence and head, with ``m`` selected query rows ``I`` and key rows ``J``
     U = C[I, :]                (m × m)   rows of the normalised C, not a fresh softmax (§4.1)
     Y = C (U⁺ (R V)),  then  Y[I] = R V  when ``overwrite_rows`` (those rows are exact)
 
-with ``U⁺`` the iterative pseudo-inverse (:mod:`attention.pinv`, ``pinv_iters`` iterations).
+with ``U⁺`` the iterative pseudo-inverse (:mod:`attention.pinv`, ``pinv_iters`` iterations; ``pinv_init``
+``per_head`` scales its start ``Z₀`` per sequence and head as Nyströmformer eq. 16 writes, ``global`` by
+one maximum over the batch as the public Nyströmformer code does).
 Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors; no
 ``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
 
@@ -27,7 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from attention.pinv import iterative_pinv
+from attention.pinv import check_pinv_init, iterative_pinv
 from attention.scores import SoftmaxScore
 from attention.selection import check_selection, select_indices
 
@@ -49,6 +51,7 @@ def cur_attention(
     score: ScoreFn | None = None,
     pinv_iters: int = 6,
     overwrite_rows: bool = True,
+    pinv_init: str = "per_head",
 ) -> torch.Tensor:
     """CUR approximation of ``score(Q, K, mask) V`` -> ``(B, H, n, d)`` (equations in the module doc).
 
@@ -72,7 +75,7 @@ def cur_attention(
         u = _rows(c, index_q).masked_fill(~valid_q[..., None], 0.0)  # (B, H, m, m)
         u = u + torch.diag_embed((~valid_q).to(dtype))
         rv = r @ v  # (B, H, m, d)
-        y = c @ (iterative_pinv(u, pinv_iters) @ rv)  # (B, H, n, d)
+        y = c @ (iterative_pinv(u, pinv_iters, pinv_init) @ rv)  # (B, H, n, d)
         if overwrite_rows:
             y = y.scatter_(2, index_q[..., None].expand_as(rv), rv)
     return y.to(out_dtype)
@@ -89,7 +92,8 @@ class CURAttention(nn.Module):
     """Drop-in CUR attention: selection (:mod:`attention.selection`) + :func:`cur_attention`.
 
     Defaults are the paper's LRA setting: ``num_landmarks`` m = 64, ``selection='abs'``,
-    ``same_indices`` (I = J), ``pinv_iters`` = 6, ``overwrite_rows``, no ``force_cls`` (mean pooling).
+    ``same_indices`` (I = J), ``pinv_iters`` = 6, ``overwrite_rows``, no ``force_cls`` (mean pooling);
+    ``pinv_init`` (``per_head`` | ``global``) is the scale of the pseudo-inverse's start (:mod:`attention.pinv`).
     ``score`` is a factory (Hydra ``_partial_``) called with no argument, or a score module; None
     means softmax (:class:`attention.scores.SoftmaxScore`). No parameters of its own, so a softmax
     checkpoint loads with ``strict=True``.
@@ -107,12 +111,14 @@ class CURAttention(nn.Module):
         overwrite_rows: bool = True,
         force_cls: bool = False,
         score: Callable[[], nn.Module] | nn.Module | None = None,
+        pinv_init: str = "per_head",
     ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_landmarks = check_positive_int(num_landmarks, "num_landmarks")
         self.pinv_iters = check_positive_int(pinv_iters, "pinv_iters")
+        self.pinv_init = check_pinv_init(pinv_init)
         check_selection(selection, embed_column, head_dim)
         self.selection = selection
         self.same_indices = bool(same_indices)
@@ -131,10 +137,12 @@ class CURAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         index_q, index_k = self.select(q, k, key_mask)
-        return cur_attention(q, k, v, key_mask, index_q, index_k, self.score, self.pinv_iters, self.overwrite_rows)
+        return cur_attention(
+            q, k, v, key_mask, index_q, index_k, self.score, self.pinv_iters, self.overwrite_rows, self.pinv_init
+        )
 
     def extra_repr(self) -> str:
         return (
             f"num_landmarks={self.num_landmarks}, selection={self.selection!r}, same_indices={self.same_indices}, "
-            f"pinv_iters={self.pinv_iters}, overwrite_rows={self.overwrite_rows}, force_cls={self.force_cls}"
+            f"pinv_iters={self.pinv_iters}, pinv_init={self.pinv_init!r}, overwrite_rows={self.overwrite_rows}, force_cls={self.force_cls}"
         )

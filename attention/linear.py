@@ -8,8 +8,13 @@ pad tokens (``key_mask`` False) contribute nothing to any output row. Both compu
   (bidirectional), ``O_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j)``. Cost O(n d²).
 * :class:`DeltaRuleAttention`: the delta rule (DeltaNet, Yang et al. 2024 — TPTT ref. [18]) in its
   chunkwise UT-transform form, run forward and on the reversed sequence and averaged. TPTT's §3.3 equations
-  (5)–(6) and its public scan omit the ``−S k`` correction, i.e. they are *not* the delta rule; we compute
-  the delta rule itself. Cost O(n C d + n d²) for chunk size C, memory O(n C) per head.
+  (5)–(6) write the update without the ``−S k`` correction. Its public chunked scan (``tptt`` 0.12.1) does
+  apply the correction, but our code review found it is still not the delta rule: within a chunk the output
+  is the element-wise ``q ⊙ u`` instead of ``tril(Q Kᵀ) U`` (``o_t = S_t q_t``), and the state handed to the
+  next chunk is built from the chunk's last token only, so its output depends on the chunk size (max
+  difference 0.83 between chunk sizes 64 and 32 in that review). We compute the delta rule itself, which is
+  independent of the chunk size (``tests/test_delta_rule.py``). Cost O(n C d + n d²) for chunk size C,
+  memory O(n C) per head.
 """
 
 from __future__ import annotations

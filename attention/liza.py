@@ -48,6 +48,11 @@ class LiZAAttention(nn.Module):
             raise ValueError(f"attention.dropout must be in [0, 1), got {dropout}")
         if base_window is not None and base_window < 0:
             raise ValueError(f"attention.base_window must be null (full softmax) or >= 0, got {base_window}")
+        if not callable(linear):  # `attention.linear=delta` replaces the config node with the string "delta"
+            raise ValueError(
+                f"attention.linear must be a linear-branch config node, got {linear!r}: choose the branch with the "
+                f"config group override attention/linear={linear} ('/', not '.'), e.g. attention=liza attention/linear=delta"
+            )
         if not 0.0 <= mag <= 1.0 or (learned_gate and mag in (0.0, 1.0)):
             raise ValueError(f"attention.mag must be in [0, 1] (open interval (0, 1) with learned_gate), got {mag}")
         self.num_heads = num_heads

@@ -19,12 +19,18 @@ and forms ``C U⁺ (R V)`` (:func:`attention.cur.cur_attention`) with ``C, R, U`
 score on the selected pairs, for either function. Both configs (``mega``, ``megacur``) build this
 class and the approximations own no parameters, so a MEGA checkpoint loads into MegaCUR with no
 parameter skipped (CUR paper Table 3). No attention dropout (MEGA's LRA runs use 0).
+
+**Decision** (config keys): the approximation node is a ``_partial_`` factory and the knobs it takes
+sit at the top of the attention node, so MegaCUR's landmark count is ``attention.num_landmarks`` (and
+``attention.selection``, ``attention.pinv_iters``, ...) exactly as for ``curformer`` and
+``nystromformer``; :class:`MegaAttention` passes every key it does not own to the factory.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -95,6 +101,7 @@ class CUR(CURAttention):
     :func:`attention.cur.cur_attention`; the score they apply is MEGA's (function + relative bias at
     the selected positions), with Laplace's ``n_real`` fixed to the sequence's real-token count.
     Defaults are the CUR paper's LRA setting (m = 64, ``abs``, same indices, 6 pinv iterations).
+    With ``pinv_init: global`` one maximum spans every sequence *and chunk* of the call (:mod:`attention.pinv`).
     Cost O(n m d + m³) instead of O(n² d).
     """
 
@@ -104,21 +111,34 @@ class CUR(CURAttention):
     def forward(self, q, k, v, key_mask, score: RelativeBiasScore) -> torch.Tensor:
         index_q, index_k = self.select(q, k, key_mask)
         sequence_score = functools.partial(score, n_real=key_mask.sum(-1))
-        return cur_attention(q, k, v, key_mask, index_q, index_k, sequence_score, self.pinv_iters, self.overwrite_rows)
+        return cur_attention(
+            q, k, v, key_mask, index_q, index_k, sequence_score, self.pinv_iters, self.overwrite_rows, self.pinv_init
+        )
 
 
 class MegaAttention(nn.Module):
     """MEGA attention core ``attn(q, k, v, key_mask) -> (B, 1, n, d_v)`` = ``approximation(q, k, v, key_mask, score)``.
 
     ``num_heads`` must be 1 (MEGA's gated attention is single-head); ``head_dim`` is ``z_dim``.
+    ``approximation`` is a module, or a factory called with ``approximation_knobs`` (the attention
+    node's other keys: ``num_landmarks``, ``selection``, ... for :class:`CUR`; none for :class:`Exact`).
     """
 
-    def __init__(self, num_heads: int, head_dim: int, function: nn.Module, max_positions: int, approximation: nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, function: nn.Module, max_positions: int,
+                 approximation: Callable[..., nn.Module] | nn.Module, **approximation_knobs):
         super().__init__()
         if num_heads != 1:
             raise ValueError(f"MEGA attention is single-head, built with num_heads={num_heads}: use it with model=mega")
         self.score = RelativeBiasScore(head_dim, max_positions, function)
-        self.approximation = approximation
+        if isinstance(approximation, nn.Module):
+            if approximation_knobs:
+                raise ValueError(
+                    f"attention keys {sorted(approximation_knobs)} go to the approximation, which is already built: "
+                    "give attention.approximation as a _partial_ factory (see configs/attention/megacur.yaml)"
+                )
+            self.approximation = approximation
+        else:
+            self.approximation = approximation(**approximation_knobs)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         n = q.shape[-2]

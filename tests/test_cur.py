@@ -135,6 +135,7 @@ def test_configs_build_cur_with_the_configured_score():
         ("attention.num_landmarks=2.5", "num_landmarks"),
         ("attention.selection=best", "attention.selection='best'"),
         ("attention.pinv_iters=0", "pinv_iters"),
+        ("attention.pinv_init=batch", "attention.pinv_init"),
         ("attention.embed_column=40", "embed_column"),
     ],
 )
@@ -142,3 +143,34 @@ def test_bad_config_is_a_clear_error_at_build_time(override, message):
     cfg = compose_config(["attention=curformer", override])
     with pytest.raises(ValueError, match=message):
         build_attention(cfg.attention, 2, 32)
+
+
+@pytest.mark.parametrize("pinv_init", ["per_head", "global"])
+@pytest.mark.parametrize("attention, dense", [("curformer", dense_softmax_weights), ("l1_cur", dense_l1_weights)])
+def test_matches_dense_CUR_with_either_pinv_init(attention, dense, pinv_init):
+    """Config -> module at the default 6 iterations and overwrite_rows, against C, U, R cut from the dense
+    attention matrix's logits and the float64 pseudo-inverse reference of ``tests/test_pinv.py``."""
+    from tests.test_pinv import reference_pinv
+
+    q, k, v = random_qkv(batch=2, heads=2, n=20, d=8)
+    q[1], k[1] = 3 * q[1], 3 * k[1]  # sequence 1 sharper: larger column sums of its U
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    cfg = compose_config([f"attention={attention}", "attention.num_landmarks=5", f"attention.pinv_init={pinv_init}"])
+    attn = build_attention(cfg.attention, 2, 8)
+    assert attn.pinv_init == pinv_init and attn.pinv_iters == 6 and attn.overwrite_rows
+    index_q, index_k = attn.select(q, k, mask)
+    logits = dense(q, k, mask).log()  # softmax is shift-invariant: row-wise softmax of a column subset of these
+    C = torch.stack([torch.stack([torch.softmax(logits[b, h][:, index_k[b, h]], -1) for h in range(2)]) for b in range(2)])
+    R = torch.stack([torch.stack([dense(q, k, mask)[b, h][index_q[b, h]] for h in range(2)]) for b in range(2)])
+    U = torch.stack([torch.stack([C[b, h][index_q[b, h]] for h in range(2)]) for b in range(2)])
+
+    def expected(init):
+        y = C @ reference_pinv(U, 6, init) @ R @ v
+        for b in range(2):
+            for h in range(2):
+                y[b, h, index_q[b, h]] = (R @ v)[b, h]  # overwrite_rows
+        return y
+
+    got = attn(q, k, v, mask)
+    torch.testing.assert_close(got, expected(pinv_init), atol=1e-10, rtol=0)
+    assert (got - expected("global" if pinv_init == "per_head" else "per_head")).abs().max() > 1e-3

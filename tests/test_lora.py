@@ -1,4 +1,5 @@
-"""LoRA conversion (TPTT §3.4 / §4.1): only adapters and the head train; merged weights evaluate the same."""
+"""LoRA conversion (TPTT §3.4 / §4.1): only adapters, the head and LiZA's own new parameters train; merged
+weights evaluate the same."""
 
 from __future__ import annotations
 
@@ -25,23 +26,31 @@ def lora_override() -> str:
     return "finetune=lora" if listed else "+finetune=lora"
 
 
+LIZA_OWN = ("beta_weight", "beta_bias", "gate_logit")  # DeltaRuleAttention's β projection, LiZA's learned gate
+
+
 def is_trainable(name: str) -> bool:
-    return "lora_" in name or ".head." in name
+    return "lora_" in name or ".head." in name or name.rsplit(".", 1)[-1] in LIZA_OWN
 
 
-def test_training_step_changes_only_adapters_and_head(tiny_listops_overrides, tmp_path):
+def fit(module, cfg, steps: int) -> None:
+    """``steps`` real optimiser steps of Lightning on the configured tiny data (the module's own AdamW + schedule)."""
+    trainer = L.Trainer(max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer.fit(module, datamodule=instantiate(cfg.task.datamodule))
+
+
+def test_training_step_changes_only_adapters_head_and_liza_parameters(tiny_listops_overrides, tmp_path):
     cfg = compose_config([*tiny_listops_overrides, "attention=liza", "attention/linear=delta", lora_override()], tmp_path)
     L.seed_everything(0)
     module = build_module(cfg)
     module.model = instantiate(cfg.finetune)(module.model)
     before = {name: p.detach().clone() for name, p in module.model.named_parameters()}
-    trainer = L.Trainer(max_steps=2, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    trainer.fit(module, datamodule=instantiate(cfg.task.datamodule))
+    fit(module, cfg, steps=2)
     after = dict(module.model.named_parameters())
     changed = {name for name, p in after.items() if not torch.equal(p, before[name])}
     assert changed == {name for name in after if is_trainable(name)}  # two steps: lora_B first, then lora_A too
-    assert len(changed) == 2 * 4 * 2 + 4  # 2 layers x 4 projections x (A, B) + head's 2 Linear (w, b)
+    assert len(changed) == 2 * 4 * 2 + 4 + 2 * 2  # 2 layers x 4 projections x (A, B) + head (2 Linear: w, b) + β (w, b) x 2 layers
 
     inputs = torch.randint(1, cfg.task.vocab_size, (3, 40))
     mask = torch.ones(3, 40, dtype=torch.bool)
@@ -96,3 +105,32 @@ def test_cli_converts_softmax_checkpoint_to_liza_delta_with_lora(tiny_listops_ov
     frozen = state["model.base_model.model.blocks.0.attn.q_proj.base_layer.weight"]
     assert torch.equal(frozen, softmax.model.blocks[0].attn.q_proj.weight)  # loaded, then untouched
     assert state["model.base_model.model.blocks.0.attn.q_proj.lora_B.default.weight"].abs().sum() > 0
+
+
+def test_default_trains_liza_own_parameters_after_one_step(tiny_listops_overrides, tmp_path):
+    """``finetune=lora`` with its defaults on LiZA (delta rule, learned gate): one optimiser step moves β's
+    projection and the gate logits; every frozen base weight (projections, FFN, norms, embeddings) stays."""
+    cfg = compose_config([*tiny_listops_overrides, "attention=liza", "attention/linear=delta",
+                          "attention.learned_gate=true", lora_override()], tmp_path)
+    L.seed_everything(0)
+    module = build_module(cfg)
+    module.model = instantiate(cfg.finetune)(module.model)
+    params = dict(module.model.named_parameters())
+    own = {name for name in params if name.rsplit(".", 1)[-1] in LIZA_OWN}
+    assert len(own) == 2 * 3 and all(params[name].requires_grad for name in own)  # per layer: beta w, b, gate
+    frozen = {name for name, p in params.items() if not p.requires_grad}
+    assert any("q_proj.base_layer" in name for name in frozen) and any("ffn" in name for name in frozen)
+    before = {name: p.detach().clone() for name, p in params.items()}
+    fit(module, cfg, steps=1)
+    after = dict(module.model.named_parameters())
+    assert all(not torch.equal(after[name], before[name]) for name in own), sorted(own)
+    assert all(torch.equal(after[name], before[name]) for name in frozen)
+
+
+def test_liza_names_are_a_no_op_on_a_variant_without_them():
+    """The same default config on softmax: no error, and exactly the adapters and the head are trainable."""
+    cfg = compose_config(["attention=softmax", lora_override()])
+    wrapped = instantiate(cfg.finetune)(build_model(cfg))
+    trainable = {name for name, p in wrapped.named_parameters() if p.requires_grad}
+    assert trainable == {name for name, _ in wrapped.named_parameters() if "lora_" in name or ".head." in name}
+    assert list(cfg.finetune.trainable_if_present) == list(LIZA_OWN)

@@ -165,7 +165,7 @@ def test_mega_weights_transfer_to_megacur_without_skipping(tmp_path):
     mega = build_model(compose_config(["attention=mega"])).eval()
     path = tmp_path / "mega.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in mega.state_dict().items()}}, path)
-    megacur = build_model(compose_config(["attention=megacur", "attention.approximation.pinv_iters=30"])).eval()
+    megacur = build_model(compose_config(["attention=megacur", "attention.pinv_iters=30"])).eval()
     assert load_transferred_weights(megacur, path) == {"skipped": [], "initialised": []}
     ids = torch.randint(1, 17, (2, 40))
     key_mask = torch.arange(40)[None, :] < torch.tensor([[40], [25]])

@@ -87,6 +87,7 @@ def test_bf16_training_step_is_finite():
     [
         ("attention.num_landmarks=0", "num_landmarks"),
         ("attention.pinv_iters=-2", "pinv_iters"),
+        ("attention.pinv_init=batch", "attention.pinv_init"),
         ("attention.conv_kernel_size=4", "conv_kernel_size"),
     ],
 )
@@ -100,3 +101,31 @@ def test_config_defaults():
     assert attn.num_landmarks == 64 and attn.pinv_iters == 6 and attn.conv.kernel_size == (35, 1)
     attn = build_attention(compose_config(["attention=nystromformer", "attention.conv_kernel_size=null"]).attention, 2, 32)
     assert attn.conv is None
+
+
+def dense_nystrom(q, k, v, m, pinv_iters, pinv_init):
+    """Full-length sequences, ``m`` dividing ``n``: landmarks = means of ``n/m`` consecutive rows, the three softmax
+    kernels from explicit logits, their pseudo-inverse by the float64 reference of ``tests/test_pinv.py``."""
+    from tests.test_pinv import reference_pinv
+
+    batch, heads, n, d = q.shape
+    q_land = q.reshape(batch, heads, m, n // m, d).mean(-2)
+    k_land = k.reshape(batch, heads, m, n // m, d).mean(-2)
+    kernel = lambda a, b: torch.softmax(a @ b.transpose(-1, -2) / d**0.5, -1)  # noqa: E731
+    k2_pinv = reference_pinv(kernel(q_land, k_land), pinv_iters, pinv_init)
+    return kernel(q, k_land) @ k2_pinv @ kernel(q_land, k) @ v
+
+
+@pytest.mark.parametrize("pinv_init", ["per_head", "global"])
+def test_matches_dense_nystrom_with_either_pinv_init(pinv_init):
+    """Through the config (``attention.pinv_init``), at the default 6 iterations, heads of different scale."""
+    q, k, v = random_qkv(batch=2, heads=2, n=24, d=32)
+    q[:, 1], k[:, 1] = 3 * q[:, 1], 3 * k[:, 1]  # head 1 sharper: larger column sums of k2
+    cfg = compose_config(["attention=nystromformer", "attention.num_landmarks=6", "attention.conv_kernel_size=null",
+                          f"attention.pinv_init={pinv_init}"])
+    attn = build_attention(cfg.attention, 2, 32)
+    assert attn.pinv_init == pinv_init and attn.pinv_iters == 6
+    got = attn(q, k, v, torch.ones(2, 24, dtype=torch.bool))
+    torch.testing.assert_close(got, dense_nystrom(q, k, v, 6, 6, pinv_init), atol=1e-10, rtol=0)
+    other = dense_nystrom(q, k, v, 6, 6, "global" if pinv_init == "per_head" else "per_head")
+    assert (got - other).abs().max() > 1e-3  # the option changes the numbers at 6 iterations

@@ -47,3 +47,79 @@ def test_runs_in_float32_under_autocast():
 def test_rejects_fewer_than_one_iteration(bad):
     with pytest.raises(ValueError, match="pinv_iters"):
         iterative_pinv(torch.eye(3), bad)
+
+
+# --- Z₀ scale: per (batch, head) as the paper writes, or one maximum over the batch as the public code ---
+
+
+def reference_pinv(a: torch.Tensor, n_iter: int, init: str) -> torch.Tensor:
+    """Matrix by matrix in float64: ``Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞)`` from ``torch.linalg.matrix_norm`` (each matrix's own
+    norms, or the largest of each over all matrices for ``global``), then ``Z ← Z (13I − 15X + 7X² − X³) / 4``
+    with ``X = A Z`` (eq. 16 with the polynomial expanded)."""
+    m = a.shape[-1]
+    flat = a.double().reshape(-1, m, m)
+    norm_1 = [torch.linalg.matrix_norm(x, ord=1).item() for x in flat]
+    norm_inf = [torch.linalg.matrix_norm(x, ord=float("inf")).item() for x in flat]
+    if init == "global":
+        norm_1, norm_inf = [max(norm_1)] * len(flat), [max(norm_inf)] * len(flat)
+    eye = torch.eye(m, dtype=torch.float64)
+    out = []
+    for x, n1, ninf in zip(flat, norm_1, norm_inf):
+        z = x.T / (n1 * ninf)
+        for _ in range(n_iter):
+            p = x @ z
+            z = z @ (13 * eye - 15 * p + 7 * torch.linalg.matrix_power(p, 2) - torch.linalg.matrix_power(p, 3)) / 4
+        out.append(z)
+    return torch.stack(out).reshape(a.shape)
+
+
+def softmax_heads(batch=2, temperatures=(0.3, 3.0), m=12, seed=3):
+    """Row-stochastic ``(batch, heads, m, m)`` softmax matrices; a sharper head has larger column sums ‖A‖₁."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, len(temperatures), m, m, generator=generator, dtype=torch.float64)
+    return torch.softmax(logits * torch.tensor(temperatures, dtype=torch.float64)[:, None, None], -1)
+
+
+@pytest.mark.parametrize("init", ["per_head", "global"])
+@pytest.mark.parametrize("n_iter", [1, 6])
+def test_matches_dense_reference(init, n_iter):
+    scaled = well_conditioned(6, 7).double().view(2, 3, 7, 7) * torch.tensor([1.0, 5.0, 0.2], dtype=torch.float64)[:, None, None]
+    for a in (softmax_heads(), scaled):
+        torch.testing.assert_close(iterative_pinv(a, n_iter, init), reference_pinv(a, n_iter, init), atol=1e-12, rtol=1e-10)
+
+
+def test_global_init_couples_heads_of_different_scale():
+    """A flat head next to a sharp one: ``global`` starts it from the sharp head's ‖A‖₁, so after 6 iterations it
+    is further from A⁺ than with ``per_head``, and it changes when only the other head changes."""
+    a = softmax_heads()
+    per_head, globally = iterative_pinv(a, 6, "per_head"), iterative_pinv(a, 6, "global")
+    assert (per_head - globally)[:, 0].abs().max() > 1e-2
+    residual = lambda z: (a @ z @ a - a)[:, 0].abs().max()  # noqa: E731
+    assert residual(globally) > 1.5 * residual(per_head)  # measured: 0.011 vs 0.0062
+    other = a.clone()
+    other[1, 1, :, 0] += 1.0  # change one matrix of the other sequence only: its column sum becomes the batch maximum
+    assert torch.equal(iterative_pinv(other, 6, "per_head")[0], per_head[0])
+    assert not torch.allclose(iterative_pinv(other, 6, "global")[0], globally[0], atol=1e-6)
+
+
+def test_inits_agree_for_a_single_matrix():
+    a = softmax_heads(batch=1, temperatures=(3.0,))
+    assert torch.equal(iterative_pinv(a, 6, "global"), iterative_pinv(a, 6, "per_head"))
+    assert torch.equal(iterative_pinv(a[0, 0], 6, "global"), iterative_pinv(a[0, 0], 6, "per_head"))
+
+
+def test_global_init_is_the_reference_codes_start_on_softmax_matrices():
+    """mlpen/Nystromformer's default ("original") start is ``Aᵀ / max(column sums over the whole tensor)``;
+    for softmax matrices (row sums 1) that is our ``global`` Z₀, so one iteration and six agree."""
+    a = softmax_heads(batch=3, temperatures=(0.3, 1.0, 3.0))
+    eye = torch.eye(12, dtype=torch.float64)
+    z = a.transpose(-1, -2) / a.sum(-2).max()
+    for n_iter in range(1, 7):
+        p = a @ z
+        z = 0.25 * z @ (13 * eye - p @ (15 * eye - p @ (7 * eye - p)))
+        torch.testing.assert_close(iterative_pinv(a, n_iter, "global"), z, atol=1e-12, rtol=1e-10)
+
+
+def test_rejects_unknown_init():
+    with pytest.raises(ValueError, match="attention.pinv_init"):
+        iterative_pinv(torch.eye(3), 6, "batch")
