@@ -1,10 +1,11 @@
 """Sweep report: ``python -m lra.report <sweep dir(s)> [--format md|csv|latex] [--out FILE] [--plot FILE] [--curves FILE]``.
 
 Collects every run under the given directories (``results.json``; a Hydra job dir with
-``.hydra/config.yaml`` but no ``results.json`` is a run that died or is still running: "missing"),
+``.hydra/config.yaml`` but no ``results.json`` is a run that died or is still running: "missing";
+a sweep records jobs it has not reached as "not_started", counted as missing too),
 optionally the runs of a W&B group (``--wandb ENTITY/PROJECT --group NAME``, needs network), and
 groups them by (task, attention name, the overrides whose values differ between the runs, seed
-excluded). Each row: runs completed / failed / missing, test accuracy mean ± sample std (ddof 1)
+excluded). Each row: runs completed / failed / interrupted (SIGTERM) / missing, test accuracy mean ± sample std (ddof 1)
 over completed seeds, best-validation mean, steps, training wall time, throughput, peak memory, the published number of
 ``lra/published.yaml`` with its source table, and our mean minus it. Failed and missing runs are
 counted in their row and listed under the table, never dropped. ``--curves`` draws every run's
@@ -26,6 +27,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import lra  # noqa: F401  (registers the ${repo_root:} resolver used by run configs)
+from lra.comparability import comparability
 
 PUBLISHED = Path(__file__).with_name("published.yaml")
 ALWAYS_SPLIT = ("task", "attention")          # part of every group key already
@@ -39,8 +41,8 @@ class Row:
     settings: dict[str, str]
     runs: list[dict] = field(default_factory=list)
 
-    def status_count(self, status: str) -> int:
-        return sum(run["status"] == status for run in self.runs)
+    def status_count(self, *statuses: str) -> int:
+        return sum(run["status"] in statuses for run in self.runs)
 
     def values(self, key: str) -> list[float]:
         return [run[key] for run in self.runs if run["status"] == "completed" and run.get(key) is not None]
@@ -107,21 +109,29 @@ def group_runs(runs: list[dict]) -> tuple[list[Row], list[str]]:
 
 def published_for(row: Row, tables: dict) -> dict | None:
     """The published row for ``row``: tables named in the runs' tags first, then file order; a row's
-    ``match`` settings must hold in the runs' config."""
+    ``match`` settings must hold in the runs' config, and its source's settings must be the run's
+    (:func:`lra.comparability.comparability`). With no comparable row, the first matching one comes
+    back with ``acc`` None and the reason in ``note``."""
     tags = {tag for run in row.runs for tag in run.get("tags", [])}
     config = row.runs[0].get("config") or {}
     ordered = sorted(tables.items(), key=lambda item: item[0] not in tags)
+    refused = None
     for name, table in ordered:
         if row.task not in table["tasks"]:
             continue
         column = table["tasks"].index(row.task)
         for entry in table["rows"]:
             matches = all(select(config, key) == value for key, value in (entry.get("match") or {}).items())
-            if entry["attention"] == row.attention and matches:
-                std = entry.get("std")
-                return {"acc": entry["acc"][column], "std": std[column] if std else None, "table": name,
-                        "source": table["source"], "note": entry.get("note", "")}
-    return None
+            if entry["attention"] != row.attention or not matches:
+                continue
+            reason = comparability(config, entry)
+            if reason:
+                refused = refused or {"acc": None, "std": None, "table": name, "source": table["source"], "note": reason}
+                continue
+            std = entry.get("std")
+            return {"acc": entry["acc"][column], "std": std[column] if std else None, "table": name,
+                    "source": table["source"], "note": entry.get("note", "")}
+    return refused
 
 
 def summarize(rows: list[Row], tables: dict) -> list[dict]:
@@ -136,7 +146,8 @@ def summarize(rows: list[Row], tables: dict) -> list[dict]:
         mean = statistics.fmean(acc) if acc else None
         out.append({
             "task": row.task, "attention": row.attention, **row.settings,
-            "seeds": len(acc), "failed": row.status_count("failed"), "missing": row.status_count("missing"),
+            "seeds": len(acc), "failed": row.status_count("failed"),
+            "interrupted": row.status_count("interrupted"), "missing": row.status_count("missing", "not_started"),
             "test_acc_mean": mean, "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else None,
             "val_acc_best_mean": statistics.fmean(val) if val else None,
             "steps": round(statistics.fmean(steps)) if steps else None,
@@ -145,7 +156,8 @@ def summarize(rows: list[Row], tables: dict) -> list[dict]:
             "peak_mem_mib": statistics.fmean(memory) / 2**20 if memory else None,
             "published": published["acc"] if published else None,
             "published_table": published["table"] if published else None,
-            "delta": mean - published["acc"] if published and mean is not None else None,
+            "published_note": published["note"] if published and published["acc"] is None else None,
+            "delta": mean - published["acc"] if published and published["acc"] is not None and mean is not None else None,
         })
     return out
 
@@ -155,7 +167,7 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def display_rows(summary: list[dict], settings: list[str]) -> tuple[list[str], list[list[str]]]:
-    header = ["task", "attention", *settings, "seeds", "failed", "missing", "test acc % (mean ± std)",
+    header = ["task", "attention", *settings, "seeds", "failed", "interrupted", "missing", "test acc % (mean ± std)",
               "best val %", "steps", "train min", "samples/s", "peak MiB", "published %", "Δ", "source"]
     body = []
     for s in summary:
@@ -163,9 +175,10 @@ def display_rows(summary: list[dict], settings: list[str]) -> tuple[list[str], l
             f" ± {fmt(s['test_acc_std'])}" if s["test_acc_std"] is not None else "")
         delta = "-" if s["delta"] is None else f"{s['delta']:+.2f}"
         body.append([s["task"], s["attention"], *(s[key] for key in settings), str(s["seeds"]), str(s["failed"]),
-                     str(s["missing"]), acc, fmt(s["val_acc_best_mean"]), fmt(s["steps"]),
+                     str(s["interrupted"]), str(s["missing"]), acc, fmt(s["val_acc_best_mean"]), fmt(s["steps"]),
                      fmt(s["train_time_min"], 0), fmt(s["samples_per_s"], 1),
-                     fmt(s["peak_mem_mib"], 0), fmt(s["published"]), delta, s["published_table"] or "-"])
+                     fmt(s["peak_mem_mib"], 0), s["published_note"] or fmt(s["published"]), delta,
+                     s["published_table"] or "-"])
     return header, body
 
 

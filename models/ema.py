@@ -7,9 +7,15 @@ convolution of ``x`` with the kernel
     k[d, l] = Σₙ η[d, n] · √(1/ndim) · p[d, n] · β[d, n] · q[d, n]^l,   p = σ(α),  q = 1 − p·σ(δ),
 
 with ``l = 0 .. L−1`` the lag. The bidirectional EMA has one kernel per direction
-(``k_fwd`` looks back, ``k_bwd`` looks ahead; both include lag 0, as in facebookresearch/mega):
+(``k_fwd`` looks back, ``k_bwd`` looks ahead):
 
-    y[t] = Σ_{j ≤ t} k_fwd[t − j] x[j] + Σ_{j ≥ t} k_bwd[j − t] x[j]
+    y[t] = Σ_{j ≤ t} k_fwd[t − j] x[j] + Σ_{j ≥ t + s} k_bwd[j − t] x[j]
+
+``shift`` (s = 1) drops the backward kernel's lag 0, as facebookresearch/mega's ``MultiHeadEMA``
+(``fairseq/modules/exponential_moving_average.py``, ``shift=True``, the value its LRA encoder uses);
+``shift=False`` (s = 0) keeps lag 0 in both directions (our original form). ``truncation`` K keeps
+only lags ``l < min(K, L)`` (the reference's ``--truncation-length``, 1024 in its LRA architectures
+``fairseq/models/lra/model.py``); ``None`` keeps all ``L`` lags.
 
 computed in O(L log L) by one FFT of length 2L: the forward part is a product of spectra and the
 backward part a correlation (product with the conjugate spectrum); length 2L makes both linear,
@@ -33,12 +39,16 @@ from torch import nn
 class BidirectionalEMA(nn.Module):
     """``forward(x (B, L, D), key_mask (B, L)) -> (B, L, D)``; parameters ``(2, D, ndim)`` (direction first)."""
 
-    def __init__(self, d_model: int, ndim: int = 16):
+    def __init__(self, d_model: int, ndim: int = 16, truncation: int | None = None, shift: bool = False):
         super().__init__()
         if ndim < 1:
             raise ValueError(f"model.block.ndim (EMA dimension) must be >= 1, got {ndim}")
+        if truncation is not None and truncation < 1:
+            raise ValueError(f"model.block.ema_truncation must be null (all lags) or >= 1, got {truncation}")
         self.d_model = d_model
         self.ndim = ndim
+        self.truncation = truncation
+        self.shift = shift
         self.alpha = nn.Parameter(torch.randn(2, d_model, ndim) * 0.2)
         self.delta = nn.Parameter(torch.randn(2, d_model, ndim) * 0.2)
         signs = torch.ones(ndim)
@@ -62,7 +72,10 @@ class BidirectionalEMA(nn.Module):
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             signal = (x.to(dtype) * key_mask.unsqueeze(-1).to(dtype)).transpose(1, 2)  # (B, D, L), pads zeroed
-            k_fwd, k_bwd = self.kernel(length, dtype)  # (D, L) each
+            lags = length if self.truncation is None else min(self.truncation, length)
+            k_fwd, k_bwd = self.kernel(lags, dtype)  # (D, lags) each
+            if self.shift:
+                k_bwd = F.pad(k_bwd[:, 1:], (1, 0))  # no lag 0 looking ahead
             size = 2 * length
             spectrum = torch.fft.rfft(signal, n=size)
             response = torch.fft.rfft(k_fwd, n=size) + torch.fft.rfft(k_bwd, n=size).conj()

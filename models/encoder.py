@@ -24,6 +24,7 @@ class Encoder(nn.Module):
     ``embedding_init_std``: token and position embeddings start N(0, std²) (the reference LRA code's
     0.02); ``None`` keeps PyTorch's N(0, 1). ``learned_positions=False`` drops the absolute position
     embedding (MEGA's LRA encoder has none). ``pooling(x, key_mask) -> (B, d)`` (models/pooling.py).
+    ``final_norm(d_model)`` builds the norm before pooling (MEGA's post-norm encoders: ``nn.Identity``).
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class Encoder(nn.Module):
         embedding_init_std: float | None = 0.02,
         learned_positions: bool = True,
         pooling: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = masked_mean,
+        final_norm: Callable[[int], nn.Module] = nn.LayerNorm,
     ):
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, d_model)
@@ -55,7 +57,7 @@ class Encoder(nn.Module):
             block(d_model=d_model, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout, attention=attention)
             for _ in range(num_layers)
         )
-        self.final_norm = nn.LayerNorm(d_model)
+        self.final_norm = final_norm(d_model)
         self.head = head(d_model=d_model, num_classes=num_classes)
         self.max_length = max_length
         self.pool = pooling

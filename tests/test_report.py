@@ -56,12 +56,16 @@ def test_published_row_follows_tags_and_match(tmp_path):
     sum_row = by_key[("listops", "curformer", "sum", "-")]
     assert (sum_row["published"], sum_row["published_table"]) == (38.99, "cur_table4_selection")
     assert by_key[("text", "softmax", "-", "proxyformer_table1")]["published"] == 64.84   # tagged: its own table
-    assert by_key[("text", "softmax", "-", "-")]["published"] == 65.21                    # untagged: first table
+    # Untagged: the first table whose row is comparable. CUR Table 1 quotes Tay et al.'s original-size
+    # Transformer (not comparable with our 2 x d64 one), so the Proxyformer paper's re-implementation wins.
+    assert by_key[("text", "softmax", "-", "-")]["published"] == 64.84
 
 
-def test_failed_and_missing_runs_are_counted_and_listed(tmp_path):
+def test_failed_interrupted_and_missing_runs_are_counted_and_listed(tmp_path):
     write_run(tmp_path, "ok", "listops", "softmax", 0, 0.30)
     write_run(tmp_path, "bad", "listops", "softmax", 1, None, status="failed")
+    write_run(tmp_path, "stopped", "listops", "softmax", 3, None, status="interrupted")
+    write_run(tmp_path, "later", "listops", "softmax", 4, None, status="not_started")
     killed = tmp_path / "killed" / ".hydra"
     killed.mkdir(parents=True)
     (killed / "config.yaml").write_text(yaml.safe_dump({"seed": 2, "task": {"name": "listops"}, "attention": {"name": "softmax"}}))
@@ -71,9 +75,10 @@ def test_failed_and_missing_runs_are_counted_and_listed(tmp_path):
     text = out.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| listops"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[2:5] == ["1", "1", "1"]  # seeds completed, failed, missing
+    assert cells[2:6] == ["1", "1", "1", "2"]  # seeds completed, failed, interrupted, missing (+ not started)
     assert "failed: listops / softmax / seed 1" in text and "RuntimeError: boom" in text
     assert "missing: listops / softmax / seed 2" in text
+    assert "interrupted: listops / softmax / seed 3" in text and "not_started: listops / softmax / seed 4" in text
 
 
 def test_csv_latex_and_plot(tmp_path):
@@ -82,7 +87,7 @@ def test_csv_latex_and_plot(tmp_path):
     out_csv, out_tex, out_png = tmp_path / "t.csv", tmp_path / "t.tex", tmp_path / "fig.png"
     assert report.main([str(tmp_path / "runs"), "--format", "csv", "--out", str(out_csv), "--plot", str(out_png)]) == 0
     (row,) = list(csv.DictReader(io.StringIO(out_csv.read_text())))
-    assert float(row["test_acc_mean"]) == pytest.approx(30.0) and float(row["published"]) == 42.94
+    assert float(row["test_acc_mean"]) == pytest.approx(30.0) and float(row["published"]) == 38.57  # Proxyformer Table 1 (CUR Table 1's is not comparable)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.main([str(tmp_path / "runs"), "--format", "latex", "--out", str(out_tex)]) == 0
     assert r"\begin{tabular}" in out_tex.read_text() and r"30.00 $\pm$ 14.14" in out_tex.read_text()
