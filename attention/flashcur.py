@@ -35,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from attention.cur import CURAttention, _rows
 from attention.pinv import iterative_pinv
 from kernels import flashcur as fwd
+from kernels import launch as kernel_launch
 from kernels import flashcur_bwd as bwd
 
 
@@ -123,7 +124,7 @@ def check_device(q: torch.Tensor) -> None:
     raise RuntimeError(f"attention=flashcur needs CUDA tensors or the Triton interpreter; got {q.device} tensors: {hint}")
 
 
-def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwrite_rows=True):
+def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwrite_rows=True, pinv_init="per_head"):
     """CUR attention through the fused kernels -> ``(B, H, n, d)`` in ``q``'s dtype.
 
     Same contract as :func:`attention.cur.cur_attention` with the softmax score: ``q, k, v``
@@ -148,7 +149,7 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     with torch.autocast(device_type=q.device.type, enabled=False):
         u = u.masked_fill(~valid_q[..., None], 0.0) + torch.diag_embed((~valid_q).float())
         # Recomputed in backward: the iteration's m×m intermediates are not kept (only U is).
-        w = checkpoint(iterative_pinv, u, pinv_iters, use_reentrant=False) @ rv  # (B, H, M, d)
+        w = checkpoint(iterative_pinv, u, pinv_iters, pinv_init, use_reentrant=False) @ rv  # (B, H, M, d)
     slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=q.device)
     if overwrite_rows:
         slot.scatter_(2, index_q, torch.arange(m, dtype=torch.int32, device=q.device).expand_as(index_q).contiguous())
@@ -173,6 +174,7 @@ class FlashCURAttention(CURAttention):
         pinv_iters: int = 6,
         overwrite_rows: bool = True,
         force_cls: bool = False,
+        pinv_init: str = "per_head",
     ):
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError(
@@ -180,11 +182,18 @@ class FlashCURAttention(CURAttention):
                 "starting Python; CPU, slow); neither is available. Use attention=curformer on this machine."
             )
         super().__init__(
-            num_heads, head_dim, num_landmarks, selection, same_indices, embed_column, pinv_iters, overwrite_rows, force_cls
+            num_heads, head_dim, num_landmarks, selection, same_indices, embed_column, pinv_iters, overwrite_rows, force_cls,
+            pinv_init=pinv_init,
         )
-        _padded_size(self.num_landmarks)
         fwd.check_head_dim(head_dim)
+        if torch.cuda.is_available():  # tiles must fit this GPU's shared memory (kernels.launch); fp32 is checked at launch
+            capability = kernel_launch.device_capability(torch.device("cuda", torch.cuda.current_device()))
+            kernel_launch.check_shape(_padded_size(self.num_landmarks), head_dim, capability)
+        else:
+            _padded_size(self.num_landmarks)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         index_q, index_k = self.select(q, k, key_mask)
-        return flashcur_attention(q, k, v, key_mask, index_q, index_k, self.pinv_iters, self.overwrite_rows)
+        return flashcur_attention(
+            q, k, v, key_mask, index_q, index_k, self.pinv_iters, self.overwrite_rows, self.pinv_init
+        )

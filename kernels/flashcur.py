@@ -15,7 +15,9 @@ tensors ``q_I, k_J`` (``(B, H, m, d)``), ``W, RV`` (``(B, H, m, d)`` float32) ar
 Softmaxes run in base 2 (``exp2`` with ``s·log2 e``); all accumulation is float32. Inputs may be
 float32, float16 or bfloat16. ``tl.dot`` operands are cast to float32 when the inputs are float32
 or when running under ``TRITON_INTERPRET=1`` (the interpreter computes bf16 dots wrongly); every
-``tl.dot`` operand is at least 16 in every dimension (:func:`block_sizes` asserts it).
+``tl.dot`` operand is at least 16 in every dimension (:func:`block_sizes` asserts it). Launch
+parameters (tiles, ``num_warps``, ``num_stages``, per GPU architecture) come from
+:func:`kernels.launch.launch_config`, which ``tests/test_aot_compile.py`` compiles for sm_80 / sm_90.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import MIN_DOT, SUPPORTED_M, block_sizes, check_head_dim, device_capability, launch, launch_config  # noqa: F401
+
 LOG2E = 1.4426950408889634
-SUPPORTED_M = (16, 32, 64, 128)
-MIN_DOT = 16  # smallest tl.dot operand dimension a GPU accepts
 
 
 def interpreted() -> bool:
@@ -36,44 +38,9 @@ def interpreted() -> bool:
     return not isinstance(_rv_fwd, triton.runtime.jit.JITFunction)
 
 
-def check_head_dim(d: int) -> None:
-    """The kernels hold one head in a tile of ``next_power_of_2(d)`` columns: 16 <= d <= 128."""
-    if not 16 <= d <= 128:
-        raise ValueError(
-            f"FlashCUR supports head_dim 16..128, got {d}: set model.d_model / model.num_heads in that range "
-            "or use attention=curformer"
-        )
-
-
-def block_sizes(n: int, m: int, d: int) -> dict[str, int]:
-    """Tile sizes for ``n`` tokens, ``m`` selected rows and head_dim ``d`` (all powers of two, ≥ 16).
-
-    ``BLOCK_N`` tiles the tokens (64 on GPU, smaller for short sequences), ``BLOCK_M`` tiles the m
-    selected rows in the kernels that loop over tokens, ``BLOCK_D`` is ``d`` rounded up (masked).
-    """
-    if m not in SUPPORTED_M:
-        raise ValueError(
-            f"FlashCUR supports m (attention.num_landmarks) in {SUPPORTED_M}, got {m}; "
-            "pick one of these or use attention=curformer"
-        )
-    check_head_dim(d)
-    sizes = {
-        "BLOCK_N": min(64, max(MIN_DOT, triton.next_power_of_2(n))),
-        "BLOCK_M": min(m, 64),
-        "BLOCK_D": max(MIN_DOT, triton.next_power_of_2(d)),
-    }
-    assert all(size >= MIN_DOT and size & (size - 1) == 0 for size in sizes.values()), sizes
-    return sizes
-
-
-def dot_settings(dtype: torch.dtype) -> dict:
-    """``F32_DOT`` (cast dot operands to float32) and ``PRECISION`` (float32 dots: ieee or tf32).
-
-    float32 dots use tf32 only where ``torch.backends.cuda.matmul.allow_tf32`` allows it.
-    """
-    f32 = dtype == torch.float32 or interpreted()
-    tf32 = torch.backends.cuda.matmul.allow_tf32 and not interpreted()
-    return {"F32_DOT": f32, "PRECISION": "tf32" if tf32 else "ieee"}
+def config(kernel: str, n: int, m: int, d: int, like: torch.Tensor):
+    """:func:`kernels.launch.launch_config` for inputs like ``like`` on its device (TF32 as torch allows)."""
+    return launch_config(kernel, n, m, d, like.dtype, device_capability(like.device), tf32=torch.backends.cuda.matmul.allow_tf32)
 
 
 @triton.jit
@@ -209,15 +176,15 @@ def rv_forward(q_sel: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     """
     B, H, m, d = q_sel.shape
     n = k.shape[2]
-    sizes = block_sizes(n, m, d)
+    cfg = config("_rv_fwd", n, m, d, q_sel)
     rv = torch.empty(B, H, m, d, device=q_sel.device, dtype=torch.float32)
     lse = torch.empty(B, H, m, device=q_sel.device, dtype=torch.float32)
     mask = key_mask.to(torch.uint8)
-    grid = (B * H, m // sizes["BLOCK_M"])
-    _rv_fwd[grid](
+    launch(
+        "_rv_fwd", (B * H, m // cfg.constexprs["BLOCK_M"]), cfg,
         q_sel, k, v, mask, rv, lse,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), mask.stride(0),
-        H, n, d, m, _scale(d), **sizes, **dot_settings(q_sel.dtype),
+        H, n, d, m, _scale(d),
     )
     return rv, lse
 
@@ -226,13 +193,9 @@ def u_forward(q_sel: torch.Tensor, k_sel: torch.Tensor, valid_k: torch.Tensor) -
     """Kernel (b). ``q_sel, k_sel`` ``(B,H,m,d)``, ``valid_k`` bool ``(B,H,m)`` (usable key slots)
     -> ``U = softmax(s·Q_I K_Jᵀ)`` over the valid slots, float32 ``(B,H,m,m)``."""
     B, H, m, d = q_sel.shape
-    sizes = block_sizes(m, m, d)
+    cfg = config("_u_fwd", m, m, d, q_sel)
     u = torch.empty(B, H, m, m, device=q_sel.device, dtype=torch.float32)
-    grid = (B * H, m // sizes["BLOCK_M"])
-    _u_fwd[grid](
-        q_sel, k_sel, valid_k.to(torch.uint8), u, d, _scale(d), M=m, BLOCK_M=sizes["BLOCK_M"], BLOCK_D=sizes["BLOCK_D"],
-        **dot_settings(q_sel.dtype),
-    )
+    launch("_u_fwd", (B * H, m // cfg.constexprs["BLOCK_M"]), cfg, q_sel, k_sel, valid_k.to(torch.uint8), u, d, _scale(d))
     return u
 
 
@@ -245,14 +208,13 @@ def out_forward(q, k_sel, valid_k, w, rv, slot):
     """
     B, H, n, d = q.shape
     m = k_sel.shape[2]
-    sizes = block_sizes(n, m, d)
+    cfg = config("_out_fwd", n, m, d, q)
     out = torch.empty(B, H, n, d, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, n, device=q.device, dtype=torch.float32)
-    grid = (B * H, triton.cdiv(n, sizes["BLOCK_N"]))
-    _out_fwd[grid](
+    launch(
+        "_out_fwd", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
         q, k_sel, valid_k.to(torch.uint8), w, rv, slot, out, lse,
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        H, n, d, _scale(d), M=m, BLOCK_N=sizes["BLOCK_N"], BLOCK_D=sizes["BLOCK_D"],
-        **dot_settings(q.dtype),
+        H, n, d, _scale(d),
     )
     return out, lse

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.flashcur import _mm, _mm32, _scale, block_sizes, dot_settings
+from kernels.flashcur import _mm, _mm32, _scale, config
+from kernels.launch import launch
 
 
 @triton.jit
@@ -184,7 +185,6 @@ def rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv):
     """Gradients of kernel (a): ``(dQ_I (B,H,m,d), dK (B,H,n,d), dV (B,H,n,d))``, all float32."""
     B, H, m, d = q_sel.shape
     n = k.shape[2]
-    sizes = block_sizes(n, m, d)
     d_rv = d_rv.float().contiguous()
     delta = (d_rv * rv).sum(-1)  # Δ_R (B, H, m)
     mask = key_mask.to(torch.uint8)
@@ -192,14 +192,16 @@ def rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv):
     dv = torch.empty_like(dk)
     dq_sel = torch.empty(B, H, m, d, device=k.device, dtype=torch.float32)
     common = (*_strides(k, v), mask.stride(0))
-    settings = dot_settings(q_sel.dtype)
     qk_scale, sm_scale = _scale(d), d**-0.5
-    _rv_bwd_kv[(B * H, triton.cdiv(n, sizes["BLOCK_N"]))](
+    cfg = config("_rv_bwd_kv", n, m, d, q_sel)
+    launch(
+        "_rv_bwd_kv", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
         q_sel, k, v, mask, d_rv, lse, delta, dk, dv, *common, H, n, d, qk_scale, sm_scale,
-        M=m, BLOCK_N=sizes["BLOCK_N"], BLOCK_D=sizes["BLOCK_D"], **settings,
     )
-    _rv_bwd_q[(B * H, m // sizes["BLOCK_M"])](
-        q_sel, k, v, mask, d_rv, lse, delta, dq_sel, *common, H, n, d, m, qk_scale, sm_scale, **sizes, **settings,
+    cfg = config("_rv_bwd_q", n, m, d, q_sel)
+    launch(
+        "_rv_bwd_q", (B * H, m // cfg.constexprs["BLOCK_M"]), cfg,
+        q_sel, k, v, mask, d_rv, lse, delta, dq_sel, *common, H, n, d, m, qk_scale, sm_scale,
     )
     return dq_sel, dk, dv
 
@@ -208,7 +210,6 @@ def out_backward(q, k_sel, valid_k, w, slot, lse, d_out):
     """Gradients of the ``C W`` part of kernel (c): ``(dQ (B,H,n,d), dK_J (B,H,m,d), dW (B,H,m,d))``, float32."""
     B, H, n, d = q.shape
     m = k_sel.shape[2]
-    sizes = block_sizes(n, m, d)
     if d_out.stride(-1) != 1:
         d_out = d_out.contiguous()
     dq = torch.empty(B, H, n, d, device=q.device, dtype=torch.float32)
@@ -217,13 +218,15 @@ def out_backward(q, k_sel, valid_k, w, slot, lse, d_out):
     dw = torch.empty_like(dk_sel)
     common = _strides(q, d_out)
     valid_k = valid_k.to(torch.uint8)
-    settings = dot_settings(q.dtype)
     qk_scale, sm_scale = _scale(d), d**-0.5
-    _out_bwd_q[(B * H, triton.cdiv(n, sizes["BLOCK_N"]))](
+    cfg = config("_out_bwd_q", n, m, d, q)
+    launch(
+        "_out_bwd_q", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
         q, k_sel, valid_k, w, slot, d_out, lse, dq, delta, *common, H, n, d, qk_scale, sm_scale,
-        M=m, BLOCK_N=sizes["BLOCK_N"], BLOCK_D=sizes["BLOCK_D"], **settings,
     )
-    _out_bwd_kw[(B * H, m // sizes["BLOCK_M"])](
-        q, k_sel, valid_k, w, slot, d_out, lse, delta, dk_sel, dw, *common, H, n, d, m, qk_scale, sm_scale, **sizes, **settings,
+    cfg = config("_out_bwd_kw", n, m, d, q)
+    launch(
+        "_out_bwd_kw", (B * H, m // cfg.constexprs["BLOCK_M"]), cfg,
+        q, k_sel, valid_k, w, slot, d_out, lse, delta, dk_sel, dw, *common, H, n, d, m, qk_scale, sm_scale,
     )
     return dq, dk_sel, dw
