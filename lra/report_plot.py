@@ -18,6 +18,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 MAX_MARKER_AREA = 900.0  # points², for the largest peak memory of a panel
 
 
+def save(fig, out: Path) -> Path:
+    """Lay out, write ``fig`` to ``out`` (parents created) and close it."""
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def plot_accuracy_vs_throughput(summary: list[dict], settings: list[str], out: Path) -> Path:
     """Draw the rows of ``summary`` (``lra.report.summarize``) that have accuracy and throughput into ``out``."""
     points = [s for s in summary if s["test_acc_mean"] is not None and s["samples_per_s"] is not None]
@@ -36,12 +46,7 @@ def plot_accuracy_vs_throughput(summary: list[dict], settings: list[str], out: P
                         fontsize=7, ha="center", va="center")
         ax.set(title=task, xlabel="training throughput (samples/s)", ylabel="test accuracy (%)")
         ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, out)
 
 
 def plot_learning_curves(runs: list[dict], out: Path) -> Path:
@@ -59,9 +64,4 @@ def plot_learning_curves(runs: list[dict], out: Path) -> Path:
         ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, out)

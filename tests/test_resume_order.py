@@ -15,7 +15,8 @@ import lightning as L
 import pytest
 import torch
 
-from lra.tasks.base import EpochSampler, ResumableLoader, SplitDataset, TokenizedSplit, collate
+from lra.tasks.base import SplitDataset, TokenizedSplit, collate
+from lra.tasks.resume import EpochSampler, ResumableLoader
 from tests.conftest import run_cli
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit, atomic_write_text, file_fingerprint, locked
+from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.files import atomic_write_text, file_fingerprint, locked
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"

@@ -33,7 +33,8 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit, file_fingerprint
+from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.files import file_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit, file_fingerprint
+from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.files import file_fingerprint
 from lra.tasks.text import BYTE_OFFSET, byte_ids
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
