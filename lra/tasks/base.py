@@ -89,7 +89,6 @@ def collate(items: list) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "mask": mask, "label": labels}
 
 
-# --- files: fingerprints, atomic writes, locks -------------------------------------------------------
 class CachedDataModule(L.LightningDataModule, abc.ABC):
     """Base DataModule: ``read_split(split)`` once, cache it, serve padded batches."""
 
