@@ -68,8 +68,9 @@ def comparability(config: dict, entry: dict) -> str | None:
         return f"not comparable: {entry['incomparable']}"
     task = lookup(config, "task.name")
     source = entry.get("setting_source", "source")
-    mismatches = [f"{key}={lookup(config, key)} ({source}: {value})"
-                  for key, value in required(entry, str(task)).items() if not same(lookup(config, key), value)]
+    ours = {key: lookup(config, key) for key in required(entry, str(task))}
+    mismatches = [f"{key}={ours[key]} ({source}: {value})"
+                  for key, value in required(entry, str(task)).items() if not same(ours[key], value)]
     if not mismatches:
         return None
     more = f" (+{len(mismatches) - SHOWN} more)" if len(mismatches) > SHOWN else ""

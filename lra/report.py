@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
 
 import lra  # noqa: F401  (registers the ${repo_root:} resolver used by run configs)
-from lra.comparability import comparability
+from lra.comparability import comparability, lookup
 
 PUBLISHED = Path(__file__).with_name("published.yaml")
 ALWAYS_SPLIT = ("task", "attention")          # part of every group key already
@@ -48,11 +47,6 @@ class Row:
         return [run[key] for run in self.runs if run["status"] == "completed" and run.get(key) is not None]
 
 
-def select(config: dict, key: str):
-    """``config``'s value at dotted ``key`` (interpolations resolved where possible), or None."""
-    return OmegaConf.select(OmegaConf.create(config), key, default=None, throw_on_resolution_failure=False)
-
-
 def load_run(path: Path) -> dict:
     try:
         record = json.loads(path.read_text())
@@ -70,7 +64,7 @@ def load_missing(job_dir: Path) -> dict:
     config = yaml.safe_load((job_dir / ".hydra" / "config.yaml").read_text())
     overrides_file = job_dir / ".hydra" / "overrides.yaml"
     return {
-        "task": select(config, "task.name"), "attention": select(config, "attention.name"), "seed": config.get("seed"),
+        "task": lookup(config, "task.name"), "attention": lookup(config, "attention.name"), "seed": config.get("seed"),
         "status": "missing", "error": "no results.json (killed, crashed or still running)", "path": str(job_dir),
         "overrides": yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else [],
         "tags": list(config.get("tags") or []), "config": config,
@@ -121,7 +115,7 @@ def published_for(row: Row, tables: dict) -> dict | None:
             continue
         column = table["tasks"].index(row.task)
         for entry in table["rows"]:
-            matches = all(select(config, key) == value for key, value in (entry.get("match") or {}).items())
+            matches = all(lookup(config, key) == value for key, value in (entry.get("match") or {}).items())
             if entry["attention"] != row.attention or not matches:
                 continue
             reason = comparability(config, entry)
@@ -221,7 +215,7 @@ def wandb_runs(path: str, group: str | None) -> list[dict]:
                            f" offline runs must be uploaded first: wandb sync <run dir>/wandb/offline-run-*") from error
     states = {"finished": "completed", "running": "missing"}
     return [{
-        "task": select(dict(run.config), "task.name"), "attention": select(dict(run.config), "attention.name"),
+        "task": lookup(dict(run.config), "task.name"), "attention": lookup(dict(run.config), "attention.name"),
         "seed": run.config.get("seed"), "status": states.get(run.state, "failed"), "error": f"W&B state {run.state}",
         "test_acc": run.summary.get("test/acc"), "val_acc_best": run.summary.get("val/acc_best"),
         "samples_per_s": None, "peak_mem_bytes": None, "overrides": list(run.config.get("overrides") or []),
