@@ -10,6 +10,7 @@ token ids are not reproducible).
 Format: TSV with header ``Source\\tTarget``; tokenisation maps ``]`` to ``X`` and drops ``(``/``)``.
 
     python -m lra.tasks.listops generate --out data/listops --train 96000 --val 2000 --test 2000 --seed 0
+    python -m lra.tasks.listops cue data/listops   # accuracy of the first-operator shortcut (lra.tasks.listops_cue)
 """
 
 from __future__ import annotations
@@ -183,7 +184,15 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--max-length", type=int, default=2000)
     gen.add_argument("--max-depth", type=int, default=10)
     gen.add_argument("--max-args", type=int, default=10)
-    args = parser.parse_args(argv)
+    commands.add_parser("cue", help="accuracy of the first-operator shortcut (cue --help)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "cue":
+        from lra.tasks import listops_cue
+
+        listops_cue.main(rest)
+        return
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     generate(
         args.out, {"train": args.train, "val": args.val, "test": args.test}, seed=args.seed,
         min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth, max_args=args.max_args,
