@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.curves:
         from lra.report_plot import plot_learning_curves
 
-        plot_learning_curves(runs, args.curves)
+        by_run = {id(run): row.settings for row in rows for run in row.runs}
+        plot_learning_curves(runs, args.curves, [by_run[id(run)] for run in runs])
     return 0
 
 

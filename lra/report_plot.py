@@ -49,8 +49,21 @@ def plot_accuracy_vs_throughput(summary: list[dict], settings: list[str], out: P
     return save(fig, out)
 
 
-def plot_learning_curves(runs: list[dict], out: Path) -> Path:
-    """Validation accuracy (%) vs optimizer step, one line per run with a ``val_curve``; one panel per task."""
+def curve_label(run: dict, settings: dict[str, str]) -> str:
+    """Legend entry of one run: attention, seed, the table's splitting ``settings`` of this run, test accuracy."""
+    test = f", test {100 * run['test_acc']:.2f}%" if run.get("test_acc") is not None else ""
+    chosen = "".join(f" {key}={value}" for key, value in settings.items() if value != "-")
+    return f"{run['attention']} s{run['seed']}{chosen}{test}"
+
+
+def plot_learning_curves(runs: list[dict], out: Path, settings: list[dict[str, str]] | None = None) -> Path:
+    """Validation accuracy (%) vs optimizer step, one line per run with a ``val_curve``; one panel per task.
+
+    ``settings[i]``: the override values that tell run ``i`` apart in the report's table (``lra.report.group_runs``),
+    shown in its legend entry.
+    """
+    settings = settings or [{} for _ in runs]
+    labels = {id(run): curve_label(run, chosen) for run, chosen in zip(runs, settings)}
     curves = [run for run in runs if run.get("val_curve")]
     if not curves:
         raise ValueError("nothing to plot: no run has a val_curve (results.json written before val_curve existed?)")
@@ -59,8 +72,7 @@ def plot_learning_curves(runs: list[dict], out: Path) -> Path:
     for ax, task in zip(axes[0], tasks):
         for run in (run for run in curves if str(run["task"]) == task):
             steps, accuracy = zip(*run["val_curve"])
-            test = f", test {100 * run['test_acc']:.1f}%" if run.get("test_acc") is not None else ""
-            ax.plot(steps, [100 * a for a in accuracy], marker=".", label=f"{run['attention']} s{run['seed']}{test}")
+            ax.plot(steps, [100 * a for a in accuracy], marker=".", label=labels[id(run)])
         ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import subprocess
@@ -17,8 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 from lra import REPO_ROOT
 
 
+@functools.cache
 def git_commit() -> str | None:
-    """Commit of the checkout (``+dirty`` when it has uncommitted changes), or None outside git."""
+    """Commit of the checkout (``+dirty`` when it has uncommitted changes), or None outside git.
+
+    Read once per process (``lra.train`` reads it when a job starts): a record written hours later names
+    the code the run imported, not a commit made while it trained."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True

@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lra.checkpoints import load_transferred_weights
 from lra.hydra_callbacks import unfinished_jobs
 from lra.module import build_module
-from lra.results import config_differences, job_overrides, read_results, write_results
+from lra.results import config_differences, git_commit, job_overrides, read_results, write_results
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
@@ -156,7 +156,7 @@ def main(cfg: DictConfig) -> float | None:
         with open_dict(cfg):
             cfg.group = Path(hydra_cfg.sweep.dir).name
     signal.signal(signal.SIGTERM, stop_on_sigterm)
-    print(f"[lra] run dir: {run_dir}", flush=True)
+    print(f"[lra] run dir: {run_dir} (code: {git_commit()})", flush=True)
     if (record := already_completed(run_dir, cfg, multirun)) is not None:
         return record.get("test_acc")
     if (read_results(run_dir) or {}).get("status") == "not_started":  # written when the sweep started; a job

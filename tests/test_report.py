@@ -126,6 +126,17 @@ def test_steps_wall_time_and_learning_curves(tmp_path):
         report.main([str(tmp_path / "old"), "--curves", str(tmp_path / "none.png")])
 
 
+def test_curve_legend_names_the_settings_that_split_the_table(tmp_path):
+    from lra.report_plot import curve_label
+
+    for name, pooling in (("a", "mean"), ("b", "padded_mean")):
+        write_run(tmp_path, name, "listops", "curformer", 0, 0.34, overrides=[f"model/pooling={pooling}"])
+    rows, settings = report.group_runs(report.collect([tmp_path]))
+    assert settings == ["model/pooling"]
+    labels = sorted(curve_label(run, row.settings) for row in rows for run in row.runs)
+    assert labels == ["curformer s0 model/pooling=mean, test 34.00%", "curformer s0 model/pooling=padded_mean, test 34.00%"]
+
+
 def test_truncated_results_json_names_the_file(tmp_path):
     write_run(tmp_path / "runs", "s0", "listops", "softmax", 0, 0.3)
     path = tmp_path / "runs" / "s0" / "results.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.conftest import run_cli
@@ -27,3 +28,21 @@ def test_same_seed_same_test_acc_and_weights(tiny_listops_overrides, tmp_path):
     # resolved config and commit are kept in the run dir
     assert "seed: 3" in (tmp_path / "a" / "config_resolved.yaml").read_text() and first["git_commit"]
     assert "seed=3" in first["overrides"]
+
+
+def test_commit_is_read_once_per_process(monkeypatch):
+    """A commit made while a run trains must not be recorded as the run's code: the first answer is kept."""
+    from lra import results
+
+    results.git_commit.cache_clear()
+    first = results.git_commit()
+    assert first and len(first.split("+")[0]) == 40
+
+    def fails(*args, **kwargs):
+        raise AssertionError("git was asked again")
+
+    monkeypatch.setattr(results.subprocess, "run", fails)
+    assert results.git_commit() == first
+    results.git_commit.cache_clear()
+    with pytest.raises(AssertionError, match="asked again"):  # the test can fail: a fresh read does ask git
+        results.git_commit()
