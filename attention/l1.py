@@ -1,19 +1,33 @@
 """L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1; DESIGN §2).
 
-``Y = softmax(−λ ‖q_i − k_j‖₁ / √d + pad mask) V`` per head: keys close to the query in L1
-distance get the largest weights. The scores come from :class:`attention.scores.L1Score`
-(float32 with autocast disabled, ``cdist`` forward, query-chunked backward: never a
-``(B, H, n, n, d)`` tensor beyond one chunk). Cost O(n² d) time, O(n²) memory for the weights.
-λ = 1 by default (the paper's "robust" setting is 3). No parameters of its own, so a softmax
+``Y = softmax(−λ ‖q_i − k_j‖₁ / √d + pad mask) V`` per head, ``q, k, v`` ``(B, H, n, d)``: keys close to
+the query in L1 distance get the largest weights. λ = 1 by default (the paper's "robust" setting is 3).
+Cost O(n² d) time (n² d absolute differences, as many as the multiply-adds of ``QKᵀ``). Backward,
+with ``S_ij = −λ‖q_i − k_j‖₁/√d`` and ``dS`` the softmax backward of ``dP = dY Vᵀ``::
+
+    dq_i = (−λ/√d) Σ_j dS_ij sign(q_i − k_j),    dk_j = −(−λ/√d) Σ_i dS_ij sign(q_i − k_j),    dV = Pᵀ dY
+
+Decisions: computed in float32 with autocast disabled (float64 stays float64), output cast back to
+the input dtype. On CPU, :class:`attention.l1_cpu.L1AttentionFunction`: compiled kernels for the
+distance and the sign contraction, flash-style query chunks, memory O(B·H·chunk·n) beyond the
+inputs (never the n×n matrix), attention dropout inside the function. On CUDA, the fused Triton
+kernels of :mod:`kernels.flashl1` (online softmax, nothing n×n stored) whenever attention dropout is
+off (evaluation, or ``attention.dropout=0``); they have no dropout, so training with dropout on CUDA
+warns and takes the PyTorch path of :class:`attention.scores.L1Score` (``cdist`` forward, query-chunked
+backward, the n×n weights materialised), as other devices do. No parameters of its own, so a softmax
 checkpoint loads with ``strict=True``.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
-from attention.scores import L1Score
+from attention.l1_cpu import L1AttentionFunction
+from attention.scores import L1Score, uses_cpu_kernel
+from kernels.flashl1 import flash_l1_attention
 
 
 class L1Attention(nn.Module):
@@ -29,5 +43,19 @@ class L1Attention(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        if uses_cpu_kernel(q):
+            p = self.dropout.p if self.training else 0.0
+            seed = int(torch.randint(1 << 62, ())) if p > 0 else 0  # from the global RNG: seeded runs repeat
+            dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            with torch.autocast(device_type="cpu", enabled=False):
+                out = L1AttentionFunction.apply(q.to(dtype), k.to(dtype), v.to(dtype), key_mask, self.score.lam, p,
+                                                seed)
+            return out.to(v.dtype)
+        dropout_on = self.training and self.dropout.p > 0
+        if q.is_cuda and not dropout_on:
+            return flash_l1_attention(q, k, v, key_mask, self.score.lam)
+        if q.is_cuda:
+            warnings.warn("L1 attention: FlashL1 has no attention dropout, so training with attention.dropout > 0 "
+                          "materialises the n×n weights; set attention.dropout=0 to train with the fused kernel")
         weights = self.score(q, k, key_mask[:, None, None, :])  # (B, H, n, n), float32
         return (self.dropout(weights) @ v.to(weights.dtype)).to(v.dtype)

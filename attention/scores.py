@@ -23,6 +23,8 @@ import math
 import torch
 from torch import nn
 
+from attention import l1_cpu
+
 
 class InplaceSoftmax(torch.autograd.Function):
     """Row softmax written into its input ``(..., b)`` (a fresh logits tensor nobody else needs).
@@ -76,34 +78,64 @@ class SoftmaxScore(nn.Module):
         return masked_softmax(logits, key_mask)
 
 
+CPU_KERNEL = True  # False runs the PyTorch path of other devices on CPU too (tests compare the two)
+
+
+def uses_cpu_kernel(x: torch.Tensor) -> bool:
+    """Whether L1 scores of ``x`` run the compiled kernels of :mod:`attention.l1_cpu` (CPU tensors)."""
+    return CPU_KERNEL and x.device.type == "cpu"
+
+
 def _query_chunk(a: int, b: int, d: int, batch: int, budget: int) -> int:
     """Rows of queries per chunk so that a ``(batch, chunk, b, d)`` temporary holds <= ``budget`` elements."""
     return max(1, min(a, budget // max(1, batch * b * d)))
 
 
 class L1Distance(torch.autograd.Function):
-    """``D[i, j] = ‖q_i − k_j‖₁`` ``(B, H, a, b)`` with a query-chunked backward.
+    """``scale · ‖q_i − k_j‖₁`` ``(..., a, b)`` from ``q`` ``(..., a, d)`` and ``k`` ``(..., b, d)`` (same ``...``).
 
-    Forward uses ``torch.cdist(p=1)`` (no ``(a, b, d)`` tensor); backward feeds
-    ``∂D_ij/∂q_i = sign(q_i − k_j)`` and ``∂D_ij/∂k_j = −sign(q_i − k_j)`` chunk by chunk, so at most
-    ``budget`` elements of a ``(B, H, chunk, b, d)`` sign tensor are alive at a time.
+    Backward: ``∂D_ij/∂q_i = scale · sign(q_i − k_j)``, ``∂D_ij/∂k_j = −scale · sign(q_i − k_j)``
+    (``sign(0) = 0``). On CPU both directions are the kernels of :mod:`attention.l1_cpu` (no
+    ``(a, b, d)`` tensor at all). Elsewhere: ``torch.cdist(p=1)`` forward and a query-chunked backward
+    with at most ``budget`` elements of a ``(..., chunk, b, d)`` sign tensor alive at a time.
     """
 
     budget = 1 << 24
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         ctx.save_for_backward(q, k)
-        return torch.cdist(q, k, p=1.0)
+        ctx.scale = scale
+        if not uses_cpu_kernel(q):
+            return torch.cdist(q, k, p=1.0).mul_(scale)
+        if q.shape[:-2] != k.shape[:-2]:
+            raise ValueError(f"L1Distance: q {tuple(q.shape)} and k {tuple(k.shape)} need the same leading dims")
+        out = q.new_empty(*q.shape[:-1], k.shape[-2])  # (..., a, b); not a view: callers softmax it in place
+        q3, k3 = q.reshape(-1, *q.shape[-2:]).contiguous(), k.reshape(-1, *k.shape[-2:])
+        l1_cpu.distance(q3, k3.transpose(1, 2), scale, out=out.view(-1, *out.shape[-2:]))
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         q, k = ctx.saved_tensors
+        if uses_cpu_kernel(q):
+            *_, a, d = q.shape
+            q3, k3 = (l1_cpu.pad_columns(x.reshape(-1, *x.shape[-2:])) for x in (q, k))
+            grad_q, grad_k = torch.empty_like(q3), torch.zeros_like(k3)
+            l1_cpu.sign_grad(grad.reshape(-1, a, k.shape[-2]).contiguous(), q3, k3, grad_q, grad_k, ctx.scale)
+            grad_q, grad_k = grad_q[..., :d].reshape(q.shape), grad_k[..., :d].reshape(k.shape)
+        else:
+            grad_q, grad_k = L1Distance.torch_backward(grad * ctx.scale, q, k, *ctx.needs_input_grad[:2])
+        return (grad_q if ctx.needs_input_grad[0] else None), (grad_k if ctx.needs_input_grad[1] else None), None
+
+    @staticmethod
+    def torch_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, needs_q: bool, needs_k: bool):
+        """``(Σ_j g_ij sign(q_i − k_j), −Σ_i g_ij sign(q_i − k_j))``, chunks of a ``(B, H, c, b, d)`` tensor."""
         batch, heads, a, d = q.shape
         chunk = _query_chunk(a, k.shape[-2], d, batch * heads, L1Distance.budget)
-        grad_q = torch.empty_like(q) if ctx.needs_input_grad[0] else None
-        grad_k = torch.zeros_like(k) if ctx.needs_input_grad[1] else None
+        grad_q = torch.empty_like(q) if needs_q else None
+        grad_k = torch.zeros_like(k) if needs_k else None
         for start in range(0, a, chunk):
             rows = slice(start, start + chunk)
             sign = torch.sign(q[:, :, rows, None, :] - k[:, :, None, :, :])  # (B, H, c, b, d)
@@ -119,8 +151,9 @@ class L1Score(nn.Module):
     """EcoTransformer (Gao & Xu 2025, eq. 1): ``softmax(−λ ‖q_i − k_j‖₁ / √d + mask)``.
 
     Closer keys get larger weights (mind the sign). The distance runs in float32 with autocast
-    disabled (``cdist`` has no fp16/bf16) and never materialises a ``(B, H, a, b, d)`` tensor beyond
-    one query chunk (see :class:`L1Distance`). ``lam`` = λ, 1 by default (3 is the paper's "robust").
+    disabled (float64 stays float64) through :class:`L1Distance`, with the scale ``−λ/√d`` folded in,
+    and never materialises a ``(B, H, a, b, d)`` tensor beyond one query chunk. ``lam`` = λ, 1 by
+    default (3 is the paper's "robust").
     """
 
     def __init__(self, lam: float = 1.0):
@@ -132,5 +165,5 @@ class L1Score(nn.Module):
     def forward(self, q, k, key_mask=None, q_index=None, k_index=None) -> torch.Tensor:
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         with torch.autocast(device_type=q.device.type, enabled=False):
-            distance = L1Distance.apply(q.to(dtype), k.to(dtype))  # (B, H, a, b)
-            return masked_softmax(distance * (-self.lam / math.sqrt(q.shape[-1])), key_mask)
+            logits = L1Distance.apply(q.to(dtype), k.to(dtype), -self.lam / math.sqrt(q.shape[-1]))  # (B, H, a, b)
+            return masked_softmax(logits, key_mask)

@@ -1,17 +1,20 @@
-"""Ahead-of-time compilation of the FlashCUR kernels for a CUDA target, on any machine (no GPU needed).
+"""Ahead-of-time compilation of Triton kernels for a CUDA target, on any machine (no GPU needed).
 
 Triton compiles a ``@triton.jit`` function for a named target (``GPUTarget("cuda", 80, 32)``) with the
 ``ptxas`` shipped in its wheel, so the shared memory, registers and spills a kernel will need on an
-A100 (sm_80) or H100 (sm_90) are known before any GPU is touched. :func:`compile_kernel` compiles one
+A100 (sm_80) or H100 (sm_90) are known before any GPU is touched. :func:`compile_jit` compiles any
+kernel from its launch parameters (a :class:`kernels.launch.LaunchConfig`: constexprs, ``num_warps``,
+``num_stages``) and argument types (:func:`jit_signature`); :func:`compile_kernel` does it for a FlashCUR
 kernel with exactly the launch parameters the wrappers use (:func:`kernels.launch.launch_config`) and
-the argument types they pass (:data:`kernels.launch.POINTER_TYPES`) and returns a :class:`Compiled`:
+the argument types they pass (:data:`kernels.launch.POINTER_TYPES`). Both return a :class:`Compiled`:
 
     >>> c = compile_kernel("_rv_fwd", capability=80, dtype=torch.float32, n=4096, m=128, d=128)
-         >>> c.shared, c.stack, c.fits           # bytes of shared memory, bytes spilled, within the sm_80 limit
+    >>> c.shared, c.stack, c.fits           # bytes of shared memory, bytes spilled, within the sm_80 limit
 
 Spills are read from the cubin (:func:`resource_usage`: ``cuobjdump -res-usage``, stack frame bytes;
-the compiled kernel's ``n_spills`` is only filled in when the binary is loaded on a device). ``tests/test_aot_compile.py`` runs this over every kernel,
-architecture, dtype and supported shape.
+the compiled kernel's ``n_spills`` is only filled in when the binary is loaded on a device).
+``tests/test_aot_compile.py`` (FlashCUR) and ``tests/test_flashl1.py`` (FlashL1) run this over every
+kernel, architecture, dtype and supported shape.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from triton.compiler import ASTSource
 from kernels import launch
 
 USAGE_RE = re.compile(r"REG:(?P<reg>\d+) STACK:(?P<stack>\d+)")
+FLOAT_ARGS = ("qk_scale", "sm_scale")  # FlashCUR's float scalars; other kernels pass their own
 CUOBJDUMP = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
@@ -53,26 +57,31 @@ class Compiled:
         return self.shared <= self.limit and self.stack == 0
 
 
-def signature(kernel: str, config: launch.LaunchConfig, dtype: torch.dtype) -> tuple[dict, dict, dict]:
-    """``(signature, constexprs, attrs)`` for :class:`triton.compiler.ASTSource`, as a launch would build them.
+def jit_signature(fn, constexprs: dict, pointers: dict[str, str], floats=FLOAT_ARGS) -> tuple[dict, dict, dict]:
+    """``(signature, constexprs, attrs)`` of any ``@triton.jit`` function ``fn`` for :class:`ASTSource`.
 
-    Pointers get their dtype from :data:`kernels.launch.POINTER_TYPES` and 16-byte alignment (torch
-    allocations are), integers ``i32``, the two scales ``fp32``, constexprs the config's values.
+    Arguments named in ``constexprs`` are constexprs with those values; those in ``pointers``
+    (name -> ``"*fp32"`` …) pointers with 16-byte alignment (torch allocations are); those in ``floats``
+    ``fp32``; every other one ``i32``.
     """
-    fn = launch.kernel_function(kernel)
-    pointers = launch.pointer_types(kernel, dtype)
     sig, attrs = {}, {}
     for index, name in enumerate(fn.arg_names):
-        if name in config.constexprs:
+        if name in constexprs:
             sig[name] = "constexpr"
         elif name in pointers:
             sig[name] = pointers[name]
             attrs[(index,)] = [["tt.divisibility", 16]]
-        elif name in ("qk_scale", "sm_scale"):
+        elif name in floats:
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    return sig, dict(config.constexprs), attrs
+    return sig, dict(constexprs), attrs
+
+
+def signature(kernel: str, config: launch.LaunchConfig, dtype: torch.dtype) -> tuple[dict, dict, dict]:
+    """:func:`jit_signature` of the FlashCUR ``kernel`` as a launch would build it: pointer types from
+    :data:`kernels.launch.POINTER_TYPES`, the config's constexprs, the two scales ``fp32``."""
+    return jit_signature(launch.kernel_function(kernel), config.constexprs, launch.pointer_types(kernel, dtype))
 
 
 def resource_usage(cubin: bytes) -> tuple[int, int]:
@@ -92,14 +101,20 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(match["reg"]), int(match["stack"])
 
 
-def compile_kernel(kernel: str, capability: int, dtype: torch.dtype, n: int, m: int, d: int, tf32: bool = False) -> Compiled:
-    """AOT-compile ``kernel`` for ``sm_<capability>`` with the launch parameters for ``(n, m, d, dtype)``."""
-    config = launch.launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
-    sig, constexprs, attrs = signature(kernel, config, dtype)
-    source = ASTSource(launch.kernel_function(kernel), sig, constexprs, attrs)
+def compile_jit(fn, capability: int, config: launch.LaunchConfig, pointers: dict[str, str], floats=FLOAT_ARGS,
+                name: str | None = None) -> Compiled:
+    """AOT-compile any ``@triton.jit`` ``fn`` for ``sm_<capability>`` with ``config``'s constexprs,
+    ``num_warps`` and ``num_stages``; argument types as :func:`jit_signature` (``pointers``, ``floats``)."""
+    sig, constexprs, attrs = jit_signature(fn, config.constexprs, pointers, floats)
     compiled = triton.compile(
-        source, target=GPUTarget("cuda", capability, 32),
+        ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", capability, 32),
         options={"num_warps": config.num_warps, "num_stages": config.num_stages},
     )
     registers, stack = resource_usage(compiled.asm["cubin"])
-    return Compiled(kernel, capability, config, compiled.metadata.shared, registers, stack)
+    return Compiled(name or fn.fn.__name__, capability, config, compiled.metadata.shared, registers, stack)
+
+
+def compile_kernel(kernel: str, capability: int, dtype: torch.dtype, n: int, m: int, d: int, tf32: bool = False) -> Compiled:
+    """AOT-compile the FlashCUR ``kernel`` for ``sm_<capability>`` with the launch parameters for ``(n, m, d, dtype)``."""
+    config = launch.launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
+    return compile_jit(launch.kernel_function(kernel), capability, config, launch.pointer_types(kernel, dtype), name=kernel)
