@@ -41,6 +41,32 @@ def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(2, index[..., None].expand(*index.shape, x.shape[-1]))
 
 
+class _WithRows(torch.autograd.Function):
+    """``(x, _rows(x, index))`` as one autograd node, for a tensor used whole *and* by its rows I.
+
+    Same values and gradients as taking the two separately; backward adds the rows' gradient into a copy
+    of ``x``'s (``scatter_add``) instead of autograd's zero-filled ``x``-sized scatter plus a sum of the
+    two (measured ~15 ms of a 140 ms CUR forward + backward on CPU, n = 4096, B = 8, H = 2, m = 64).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor):
+        ctx.save_for_backward(index)
+        return x.view_as(x), _rows(x, index)
+
+    @staticmethod
+    def backward(ctx, grad_x: torch.Tensor, grad_rows: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        return grad_x.scatter_add(2, index[..., None].expand_as(grad_rows), grad_rows), None
+
+
+def _with_rows(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, _rows(x, index))``, through :class:`_WithRows` when autograd records ``x``."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _WithRows.apply(x, index)
+    return x, _rows(x, index)
+
+
 def cur_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -70,10 +96,13 @@ def cur_attention(
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
-        c = score(q, _rows(k, index_k), valid_k[:, :, None, :], None, index_k)  # (B, H, n, m)
-        r = score(_rows(q, index_q), k, key_mask[:, None, None, :], index_q, None)  # (B, H, m, n)
-        u = _rows(c, index_q).masked_fill(~valid_q[..., None], 0.0)  # (B, H, m, m)
-        u = u + torch.diag_embed((~valid_q).to(dtype))
+        q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
+        k, k_rows = _with_rows(k, index_k)
+        c = score(q, k_rows, valid_k[:, :, None, :], None, index_k)  # (B, H, n, m)
+        c, c_rows = _with_rows(c, index_q)  # C and its rows I, (B, H, m, m)
+        r = score(q_rows, k, key_mask[:, None, None, :], index_q, None)  # (B, H, m, n)
+        eye = torch.eye(index_q.shape[-1], dtype=dtype, device=q.device)
+        u = torch.where(valid_q[..., None], c_rows, eye)  # (B, H, m, m); identity rows on invalid slots
         rv = r @ v  # (B, H, m, d)
         y = c @ (iterative_pinv(u, pinv_iters, pinv_init) @ rv)  # (B, H, n, d)
         if overwrite_rows:

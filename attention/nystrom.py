@@ -17,15 +17,20 @@ on ``A``, which takes about 20 iterations, not the default 6. Measured (float64,
 23 real tokens, d = 8, m = 40 or 64, q, k, v ~ N(0, 1), 10 seeds; max |Y − A V| over real rows):
 3.1–3.7e-2 at 6 iterations, 1.7–3.0e-3 at 10, ≤ 1.2e-4 at 15, ≤ 2.4e-6 at 20 (1e-14 for most
 seeds); with q, k halved, 1.6–2.5e-2 at 6. The conv (``conv_kernel_size``, 35 in the LRA code;
-null disables it) sees V with pad rows zeroed. Landmarks and ``pinv`` run in float32 with autocast
-disabled (float64 stays float64); ``pinv_init`` picks the scale of ``pinv``'s start (``per_head``,
-eq. 16 as written, or ``global``, the public code's; :mod:`attention.pinv`). Cost O(nmd + m³) time,
-O(nm) memory. Default m = 64 (the paper's LRA numbers use 128/256).
+null disables it) sees V with pad rows zeroed; :class:`SequenceConv` computes it as banded matrix
+products over blocks of the sequence (the sums of ``F.conv1d`` with ``groups = heads``). Landmarks
+and ``pinv`` run in float32 with autocast disabled (float64 stays float64); ``pinv_init`` picks the
+scale of ``pinv``'s start (``per_head``, eq. 16 as written, or ``global``, the public code's;
+:mod:`attention.pinv`). Cost O(nmd + m³) time, O(nm) memory. Default m = 64 (the paper's LRA
+numbers use 128/256).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attention.cur import check_positive_int
@@ -42,9 +47,98 @@ def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torc
     counts = torch.zeros(batch, m + 1, dtype=x.dtype, device=x.device).scatter_add_(
         1, segment, torch.ones_like(segment, dtype=x.dtype)
     )[:, :m]
-    index = segment[:, None, :, None].expand(batch, heads, n, d)
-    sums = torch.zeros(batch, heads, m + 1, d, dtype=x.dtype, device=x.device).scatter_add(2, index, x)[:, :, :m]
+    # sums over B·n rows of H·d values: ~2.5× faster on CPU than a scatter_add over (B, H, n, d), same sums
+    target = (segment + (m + 1) * torch.arange(batch, device=x.device)[:, None]).flatten()  # (B·n,)
+    rows = x.transpose(1, 2).reshape(batch * n, heads * d)
+    sums = torch.zeros(batch * (m + 1), heads * d, dtype=x.dtype, device=x.device)
+    sums = sums.scatter_add(0, target[:, None].expand_as(rows), rows)
+    sums = sums.view(batch, m + 1, heads, d)[:, :m].transpose(1, 2)  # (B, H, m, d)
     return sums / counts.clamp_min(1)[:, None, :, None], counts > 0
+
+
+def _windows(x: torch.Tensor, block: int, width: int) -> torch.Tensor:
+    """Rows ``[j·block, j·block + width)`` of ``x`` ``(B, H, n, d)`` zero-padded by ``(width − block)/2`` at the
+    start of the sequence (and to whole blocks at its end), transposed: ``(B, H, blocks·d, width)``."""
+    batch, heads, n, d = x.shape
+    blocks, half = -(-n // block), (width - block) // 2
+    padded = F.pad(x, (0, 0, half, blocks * block - n + half))
+    return padded.unfold(2, width, block).reshape(batch, heads, blocks * d, width)
+
+
+def _banded_product(x: torch.Tensor, toeplitz: torch.Tensor) -> torch.Tensor:
+    """``y[b, h, i] = Σ_t w[h, t] · x[b, h, i + t − K//2]`` ``(B, H, n, d)`` from the band ``toeplitz`` of ``w``."""
+    batch, heads, n, d = x.shape
+    block, width = toeplitz.shape[-2:]
+    out = _windows(x, block, width) @ toeplitz.transpose(-1, -2)  # (B, H, blocks·d, block)
+    out = out.view(batch, heads, -1, d, block).transpose(-1, -2)
+    return out.reshape(batch, heads, -1, d)[:, :, :n]
+
+
+class _BandedProduct(torch.autograd.Function):
+    """:func:`_banded_product` saving ``x`` only (not its ``(width/block)``× larger windows).
+
+    Backward: ``∂/∂x`` is the same product with the reversed kernel (``T`` flipped on both axes: the
+    adjoint of a correlation) and ``∂/∂T = Σ_b g_blocksᵀ · windows(x)``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, toeplitz: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, toeplitz)
+        return _banded_product(x, toeplitz)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, toeplitz = ctx.saved_tensors
+        batch, heads, n, d = x.shape
+        block, width = toeplitz.shape[-2:]
+        blocks = -(-n // block)
+        grad_x = _banded_product(grad, toeplitz.flip(-1, -2)) if ctx.needs_input_grad[0] else None
+        grad_t = None
+        if ctx.needs_input_grad[1]:
+            g = F.pad(grad, (0, 0, 0, blocks * block - n)).view(batch, heads, blocks, block, d).transpose(-1, -2)
+            g = g.reshape(batch, heads, blocks * d, block)
+            grad_t = (g.transpose(-1, -2) @ _windows(x, block, width)).sum(0)  # (H, block, width)
+        return grad_x, grad_t
+
+
+class SequenceConv(nn.Module):
+    """Depthwise conv along the sequence, one kernel per head shared by the head's ``d`` channels.
+
+    ``y[b, h, i] = Σ_t w[h, t] · x[b, h, i + t − K//2]`` with zero padding (odd ``K``: same length), i.e.
+    ``F.conv1d`` over ``(B·d, H, n)`` with ``groups = H`` and ``weight`` ``(H, 1, K)``. Computed as products
+    with a banded (Toeplitz) ``(block × (block + K − 1))`` matrix per head over overlapping windows of
+    ``block`` output rows: measured on CPU (n = 4096, B = 8, H = 2, d = 32, K = 35, 1 thread) ~10× faster
+    than ``nn.Conv2d`` with a ``(K, 1)`` kernel and ~4× faster than ``F.conv1d``. Checkpoints from that
+    ``Conv2d`` layout (weight ``(H, 1, K, 1)``) load.
+    """
+
+    block = 32
+
+    def __init__(self, num_heads: int, kernel_size: int):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.weight = nn.Parameter(torch.empty(num_heads, 1, kernel_size))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Conv1d's (and the former Conv2d's) init
+
+    def toeplitz(self, dtype: torch.dtype) -> torch.Tensor:
+        """``T[h, s, j] = w[h, j − s]`` for ``0 ≤ j − s < K``, else 0: ``(H, block, block + K − 1)``."""
+        shift = torch.arange(self.block + self.kernel_size - 1, device=self.weight.device)[None, :]
+        shift = shift - torch.arange(self.block, device=self.weight.device)[:, None]
+        band = (shift >= 0) & (shift < self.kernel_size)
+        return torch.where(band, self.weight[:, 0, shift.clamp(0, self.kernel_size - 1)], 0.0).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(B, H, n, d)`` -> ``(B, H, n, d)``."""
+        return _BandedProduct.apply(x, self.toeplitz(x.dtype))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None and weight.dim() == 4 and weight.shape[-1] == 1:  # nn.Conv2d's (H, 1, K, 1)
+            state_dict[prefix + "weight"] = weight[..., 0]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.weight.shape[0]}, kernel_size={self.kernel_size}"
 
 
 class NystromAttention(nn.Module):
@@ -64,7 +158,7 @@ class NystromAttention(nn.Module):
             size = check_positive_int(conv_kernel_size, "conv_kernel_size")
             if size % 2 == 0:
                 raise ValueError(f"attention.conv_kernel_size must be odd (same-length output), got {size}")
-            self.conv = nn.Conv2d(num_heads, num_heads, (size, 1), padding=(size // 2, 0), groups=num_heads, bias=False)
+            self.conv = SequenceConv(num_heads, size)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         out_dtype = v.dtype
@@ -76,8 +170,8 @@ class NystromAttention(nn.Module):
             k_land, _ = segment_means(k, key_mask, m)
             valid_keys = valid[:, None, None, :]
             k1 = self.score(q, k_land, valid_keys)  # (B, H, n, m)
-            k2 = self.score(q_land, k_land, valid_keys).masked_fill(~valid[:, None, :, None], 0.0)
-            k2 = k2 + torch.diag_embed((~valid).to(dtype))[:, None]  # identity on empty segments
+            eye = torch.eye(m, dtype=dtype, device=q.device)  # k2's rows on empty segments
+            k2 = torch.where(valid[:, None, :, None], self.score(q_land, k_land, valid_keys), eye)  # (B, H, m, m)
             k3 = self.score(q_land, k, key_mask[:, None, None, :])  # (B, H, m, n)
             y = k1 @ (iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ (k3 @ v))
             if self.conv is not None:

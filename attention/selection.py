@@ -5,8 +5,8 @@
 key rows ``J`` of ``C = score(Q, K_J)``, ``R = score(Q_I, K)``, ``U = C[I]``.
 
 Every rule gives each token a priority; pad tokens get −inf, ``force_cls`` gives index 0 +inf, and
-the ``m'`` highest priorities win (stable sort: ties break by lowest index). Priorities per row of
-``X`` (``X = Q`` for ``I`` and ``X = K`` for ``J``; with ``same_indices`` the priority is
+the ``m'`` highest priorities win (ties break by lowest index, as a stable sort ranks them). Priorities
+per row of ``X`` (``X = Q`` for ``I`` and ``X = K`` for ``J``; with ``same_indices`` the priority is
 ``p(Q) + p(K)`` and ``I = J``):
 
 * ``sum``: ``Σ_d X[i, d]``;   * ``abs``: ``Σ_d |X[i, d]|``;   * ``embed``: ``X[i, embed_column]``;
@@ -62,12 +62,20 @@ def check_selection(rule: str, embed_column: int, head_dim: int | None = None) -
 
 
 def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool) -> torch.Tensor:
-    """Indices of the ``m`` highest priorities ``(B, H, n)`` among real tokens, ascending -> ``(B, H, m)``."""
-    priority = priority.masked_fill(~key_mask[:, None, :], -torch.inf)
+    """Indices of the ``m`` highest priorities ``(B, H, n)`` among real tokens, ascending -> ``(B, H, m)``.
+
+    The indices a stable descending sort would rank first, without sorting over ``n``: every priority above
+    the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf).
+    """
+    priority = priority.nan_to_num(nan=torch.inf, posinf=torch.inf).masked_fill(~key_mask[:, None, :], -torch.inf)
     if force_cls:
         priority[..., 0] = torch.inf
-    order = torch.sort(priority, dim=-1, descending=True, stable=True).indices
-    return order[..., :m].sort(dim=-1).values
+    threshold = priority.topk(m, dim=-1, sorted=False).values.amin(-1, keepdim=True)  # m-th largest, (B, H, 1)
+    above, tied = priority > threshold, priority == threshold
+    chosen = above | (tied & (tied.cumsum(-1) <= m - above.sum(-1, keepdim=True)))  # exactly m per row
+    slot = torch.where(chosen, chosen.cumsum(-1) - 1, m)  # rank among the chosen; m = not chosen
+    positions = torch.arange(priority.shape[-1], device=priority.device).expand_as(slot)
+    return slot.new_zeros(*slot.shape[:-1], m + 1).scatter_(-1, slot, positions)[..., :m]
 
 
 @torch.no_grad()

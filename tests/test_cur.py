@@ -115,6 +115,20 @@ def test_gradcheck_with_fixed_indices(score):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+def test_no_grad_forward_of_inputs_that_require_grad():
+    """Under ``no_grad`` (evaluation, benchmarks) no autograd node wraps the inputs: the score modules get
+    plain tensors (``FlopCounterMode``'s module tracker rejects views without a grad_fn)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = (x.requires_grad_() for x in random_qkv(n=30, d=8))
+    mask = padded_mask(2, 30, [30, 21])
+    attn = cur(num_landmarks=6)
+    with torch.no_grad(), FlopCounterMode(display=False):
+        y = attn(q, k, v, mask)
+    assert not y.requires_grad
+    torch.testing.assert_close(y, attn(q, k, v, mask).detach(), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("attention", ["curformer", "l1_cur"])
 def test_bf16_training_step_is_finite(attention):
     bf16_training_step([f"attention={attention}", "attention.num_landmarks=8"])

@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from attention import build_attention
-from attention.nystrom import NystromAttention, segment_means
+from attention.nystrom import NystromAttention, SequenceConv, segment_means
 from tests.attention_reference import (
     assert_padding_invariant,
     bf16_training_step,
@@ -55,7 +57,7 @@ def test_any_length_and_conv_adds_a_depthwise_term(n):
     with_conv = NystromAttention(2, 8, num_landmarks=8, conv_kernel_size=5).double()
     without = NystromAttention(2, 8, num_landmarks=8, conv_kernel_size=None)
     expected_conv = torch.zeros_like(v)
-    weight = with_conv.conv.weight[:, 0, :, 0]  # (H, 5)
+    weight = with_conv.conv.weight[:, 0, :]  # (H, 5)
     masked_v = v * mask[:, None, :, None]
     for h in range(2):
         for i in range(n):
@@ -64,6 +66,53 @@ def test_any_length_and_conv_adds_a_depthwise_term(n):
                 if 0 <= j < n:
                     expected_conv[0, h, i] += weight[h, t] * masked_v[0, h, j]
     assert torch.allclose(with_conv(q, k, v, mask) - without(q, k, v, mask), expected_conv, atol=1e-10)
+
+
+@pytest.mark.parametrize("n, size", [(1, 5), (31, 3), (32, 35), (100, 35), (257, 65)])
+def test_sequence_conv_equals_the_former_conv2d_values_and_gradients(n, size):
+    """Against ``F.conv2d`` with the former ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``, kernel ``(K, 1)``) and
+    ``F.conv1d`` with ``groups = H`` over ``(B·d, H, n)``: lengths below, at and across the 32-row blocks."""
+    generator = torch.Generator().manual_seed(n)
+    conv = SequenceConv(3, size).double()
+    x = torch.randn(2, 3, n, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight_2d = conv.weight.detach()[..., None].requires_grad_()
+    expected = F.conv2d(x, weight_2d, padding=(size // 2, 0), groups=3)
+    as_conv1d = F.conv1d(x.permute(0, 3, 1, 2).reshape(8, 3, n), conv.weight, padding=size // 2, groups=3)
+    got = conv(x)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(as_conv1d.view(2, 4, 3, n).permute(0, 2, 3, 1), expected, atol=1e-12, rtol=0)
+    grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    expected_grads = torch.autograd.grad(expected, (x, weight_2d), grad)
+    got_grads = torch.autograd.grad(got, (x, conv.weight), grad)
+    torch.testing.assert_close(got_grads[0], expected_grads[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(got_grads[1], expected_grads[1][..., 0], atol=1e-12, rtol=0)
+
+
+class FormerNystrom(nn.Module):
+    """The parameters of ``NystromAttention`` before its conv became :class:`SequenceConv` (same constructor call)."""
+
+    def __init__(self, heads: int, size: int):
+        super().__init__()
+        self.conv = nn.Conv2d(heads, heads, (size, 1), padding=(size // 2, 0), groups=heads, bias=False)
+
+
+def test_checkpoints_of_the_former_conv2d_layout_load(tmp_path):
+    former = FormerNystrom(2, 5).double()
+    torch.save(former.state_dict(), tmp_path / "former.pt")
+    state = torch.load(tmp_path / "former.pt")
+    assert state["conv.weight"].shape == (2, 1, 5, 1)
+    attn = NystromAttention(2, 8, num_landmarks=4, conv_kernel_size=5).double()
+    attn.load_state_dict(state, strict=True)
+    assert attn.conv.weight.shape == (2, 1, 5) and torch.equal(attn.conv.weight[..., None], former.conv.weight)
+    q, k, v = random_qkv(batch=2, n=21, d=8)
+    mask = padded_mask(2, 21, [21, 15])
+    without = NystromAttention(2, 8, num_landmarks=4, conv_kernel_size=None)
+    with torch.no_grad():
+        expected_conv = former.conv(v * mask[:, None, :, None])
+        torch.testing.assert_close(attn(q, k, v, mask) - without(q, k, v, mask), expected_conv, atol=1e-12, rtol=0)
+    attn.load_state_dict(attn.state_dict(), strict=True)  # the new layout round-trips
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        attn.load_state_dict({"conv.weight": torch.zeros(2, 1, 7, 1)})
 
 
 def test_padding_invariance():
@@ -98,7 +147,7 @@ def test_bad_config_is_a_clear_error_at_build_time(override, message):
 
 def test_config_defaults():
     attn = build_attention(compose_config(["attention=nystromformer"]).attention, 2, 32)
-    assert attn.num_landmarks == 64 and attn.pinv_iters == 6 and attn.conv.kernel_size == (35, 1)
+    assert attn.num_landmarks == 64 and attn.pinv_iters == 6 and attn.conv.weight.shape == (2, 1, 35)
     attn = build_attention(compose_config(["attention=nystromformer", "attention.conv_kernel_size=null"]).attention, 2, 32)
     assert attn.conv is None
 

@@ -57,6 +57,21 @@ def test_ties_break_by_lowest_index():
     assert index[0, 0].tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("force_cls", [False, True])
+def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls):
+    """Integer priorities (many ties), pads, fewer real tokens than m: the m winners of a stable sort."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randint(-2, 3, (3, 2, 50, 1), generator=generator).float()  # 'sum' priority = the value
+    mask = padded_mask(3, 50, [50, 31, 5])
+    priority = q[..., 0].masked_fill(~mask[:, None, :], float("-inf"))
+    if force_cls:
+        priority[..., 0] = float("inf")
+    for m in (1, 7, 31, 50):
+        index, _ = select_indices(q, torch.zeros_like(q), mask, m, "sum", force_cls=force_cls)
+        ranked = torch.sort(priority, dim=-1, descending=True, stable=True).indices[..., :m]
+        assert torch.equal(index, ranked.sort(dim=-1).values), m
+
+
 def test_step_is_uniform_stride_over_real_tokens():
     q, k = constructed(n=40)
     mask = padded_mask(2, 40, [40, 22])
