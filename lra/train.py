@@ -156,16 +156,18 @@ def main(cfg: DictConfig) -> float | None:
         with open_dict(cfg):
             cfg.group = Path(hydra_cfg.sweep.dir).name
     signal.signal(signal.SIGTERM, stop_on_sigterm)
-    print(f"[lra] run dir: {run_dir} (code: {git_commit()})", flush=True)
-    if (record := already_completed(run_dir, cfg, multirun)) is not None:
-        return record.get("test_acc")
-    if (read_results(run_dir) or {}).get("status") == "not_started":  # written when the sweep started; a job
-        (run_dir / "results.json").unlink()  # killed from now on shows as "missing" (no results.json), as before
-    try:
+    try:  # from here on a SIGTERM is recorded as an interruption, wherever it lands
+        print(f"[lra] run dir: {run_dir} (code: {git_commit()})", flush=True)
+        if (record := already_completed(run_dir, cfg, multirun)) is not None:
+            return record.get("test_acc")
+        if (read_results(run_dir) or {}).get("status") == "not_started":  # written when the sweep started; a job
+            (run_dir / "results.json").unlink()  # killed from now on shows as "missing" (no results.json), as before
         metrics = train(cfg, run_dir)
     except SIGTERMException as error:
         step = getattr(error, "step", None)
-        path = write_results(run_dir, cfg, "interrupted", steps=step, error="SIGTERM (preempted or stopped)")
+        path = run_dir / "results.json"
+        if (read_results(run_dir) or {}).get("status") != "completed":  # a finished run stays finished
+            path = write_results(run_dir, cfg, "interrupted", steps=step, error="SIGTERM (preempted or stopped)")
         same_dir = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else f"hydra.run.dir={run_dir}"
         print(f"[lra] INTERRUPTED by SIGTERM at step {step}: {path}; re-run the same command with {same_dir} "
               f"to resume from checkpoints/last.ckpt", flush=True)
