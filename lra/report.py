@@ -31,6 +31,7 @@ from lra.comparability import comparability, lookup
 PUBLISHED = Path(__file__).with_name("published.yaml")
 ALWAYS_SPLIT = ("task", "attention")          # part of every group key already
 NEVER_SPLIT = ("seed", "group", "tags")       # vary inside a group by design
+LOCATION_PREFIXES = ("paths.",)               # where files live (caches, logs), not what is trained
 
 
 @dataclass
@@ -91,7 +92,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, str]:
 def group_runs(runs: list[dict]) -> tuple[list[Row], list[str]]:
     """Rows keyed by (task, attention, values of the overrides that differ across runs); and those keys."""
     parsed = [parse_overrides(run["overrides"]) for run in runs]
-    keys = sorted({key for overrides in parsed for key in overrides} - set(ALWAYS_SPLIT) - set(NEVER_SPLIT))
+    keys = sorted({key for overrides in parsed for key in overrides if not key.startswith(LOCATION_PREFIXES)}
+                  - set(ALWAYS_SPLIT) - set(NEVER_SPLIT))
     differing = [key for key in keys if len({overrides.get(key) for overrides in parsed}) > 1]
     rows: dict[tuple, Row] = {}
     for run, overrides in zip(runs, parsed):

@@ -42,6 +42,16 @@ def test_groups_by_task_attention_and_differing_overrides(tmp_path):
     assert summary["32"]["test_acc_std"] == pytest.approx(math.sqrt(2.0))  # (40, 42): sqrt(((1)^2 + (1)^2) / 1)
 
 
+
+def test_file_locations_do_not_split_seeds(tmp_path):
+    """``paths.*`` (cache, logs) say where files live; runs differing only there are seeds of one row."""
+    write_run(tmp_path, "a", "listops", "curformer", 0, 0.34, overrides=["task.data_dir=/d"])
+    write_run(tmp_path, "b", "listops", "curformer", 1, 0.35, overrides=["task.data_dir=/d", "paths.cache_dir=/c"])
+    write_run(tmp_path, "c", "listops", "curformer", 2, 0.30, overrides=["task.data_dir=/other"])
+    rows, settings = report.group_runs(report.collect([tmp_path]))
+    assert settings == ["task.data_dir"]  # another dataset still splits
+    assert sorted(len(row.runs) for row in rows) == [1, 2]
+
 def test_published_row_follows_tags_and_match(tmp_path):
     tables = yaml.safe_load(report.PUBLISHED.read_text())
     write_run(tmp_path, "a", "listops", "curformer", 0, 0.40, config={"selection": "abs"})
