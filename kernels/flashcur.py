@@ -7,7 +7,9 @@ Per sequence and head (``d`` = head_dim, ``n`` tokens, ``m`` selected rows/colum
   log-sum-exp of ``R`` (base 2) for the backward. ``R`` (m×n) is never stored.
 * :func:`u_forward` (kernel b): ``U = softmax(s·Q_I K_Jᵀ)`` (m×m), equal to ``C[I, :]`` (§4.1).
 * :func:`out_forward` (kernel c): per query tile, ``Y = softmax(s·Q K_Jᵀ) W`` with ``W = U⁺ RV``
-  (the m keys fit one tile, so no online softmax), then rows ``I`` overwritten by ``RV``; also
+  (the m keys in chunks of BLOCK_M with an online softmax, like kernel a over its key tiles: the
+  float32 product with ``W`` runs on FMA units, whose registers grow with its length), then rows
+  ``I`` overwritten by ``RV``; also
   returns the row log-sum-exp of ``C`` (base 2). ``C`` (n×m) is never stored.
 
 Layouts: ``q, k, v`` are ``(B, H, n, d)`` with a unit stride on ``d`` (any other strides); the small
@@ -16,8 +18,9 @@ Softmaxes run in base 2 (``exp2`` with ``s·log2 e``); all accumulation is float
 float32, float16 or bfloat16. ``tl.dot`` operands are cast to float32 when the inputs are float32
 or when running under ``TRITON_INTERPRET=1`` (the interpreter computes bf16 dots wrongly); every
 ``tl.dot`` operand is at least 16 in every dimension (:func:`block_sizes` asserts it). Launch
-parameters (tiles, ``num_warps``, ``num_stages``, per GPU architecture) come from
-:func:`kernels.launch.launch_config`, which ``tests/test_aot_compile.py`` compiles for sm_80 / sm_90.
+parameters (tiles, ``num_warps``, ``num_stages``, per GPU architecture and dtype) come from
+:func:`kernels.launch.launch_config`, which ``tests/test_aot_compile.py`` compiles for sm_80 / sm_90
+(shared memory within the limit, no register spills).
 """
 
 from __future__ import annotations
@@ -136,33 +139,48 @@ def _out_fwd(
     Q, KJ, VALIDK, W, RV, SLOT, OUT, LSE,
     stride_qb, stride_qh, stride_qn, stride_ob, stride_oh, stride_on,
     H, N, D, qk_scale,
-    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program: a tile of BLOCK_N query rows; ``softmax(s·Q K_Jᵀ) W``, selected rows take ``RV``."""
+    """One program: a tile of BLOCK_N query rows; ``softmax(s·Q K_Jᵀ) W``, selected rows take ``RV``.
+
+    The m keys are visited in chunks of BLOCK_M with an online softmax (one chunk when BLOCK_M = M):
+    float32 dots run on FMA units, whose registers grow with the dot's K, so fp32 launches chunk m.
+    """
     pid_bh = tl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_j = tl.arange(0, M)
     offs_d = tl.arange(0, BLOCK_D)
     n_ok = offs_n < N
     d_ok = offs_d < D
     tile_ok = n_ok[:, None] & d_ok[None, :]
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_n[:, None] * stride_qn + offs_d[None, :], mask=tile_ok, other=0.0)
-    small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
-    kj = tl.load(KJ + small, mask=d_ok[None, :], other=0.0)
-    w = tl.load(W + small, mask=d_ok[None, :], other=0.0)
-    valid = tl.load(VALIDK + pid_bh * M + offs_j) != 0
-    p, lse = _masked_softmax_tile(_mm(q, tl.trans(kj), F32_DOT, PRECISION) * qk_scale, valid)
-    y = _mm32(p, w, PRECISION)
+    m_i = tl.full([BLOCK_N], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start in range(0, M, BLOCK_M):
+        offs_j = start + tl.arange(0, BLOCK_M)
+        small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
+        kj = tl.load(KJ + small, mask=d_ok[None, :], other=0.0)
+        w = tl.load(W + small, mask=d_ok[None, :], other=0.0)
+        valid = tl.load(VALIDK + pid_bh * M + offs_j) != 0
+        scores = tl.where(valid[None, :], _mm(q, tl.trans(kj), F32_DOT, PRECISION) * qk_scale, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.where(valid[None, :], tl.exp2(scores - m_new[:, None]), 0.0)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _mm32(p, w, PRECISION)
+        m_i = m_new
+    safe_l = tl.where(l_i > 0, l_i, 1.0)  # a row without any valid key is all 0 (never NaN)
+    y = acc / safe_l[:, None]
     slot = tl.load(SLOT + pid_bh * N + offs_n, mask=n_ok, other=-1)
     chosen = slot >= 0
     rv = tl.load(RV + pid_bh * M * D + slot[:, None] * D + offs_d[None, :], mask=chosen[:, None] & d_ok[None, :], other=0.0)
     y = tl.where(chosen[:, None], rv, y)
     out_ptrs = OUT + b * stride_ob + h * stride_oh + offs_n[:, None] * stride_on + offs_d[None, :]
     tl.store(out_ptrs, y.to(OUT.dtype.element_ty), mask=tile_ok)
-    tl.store(LSE + pid_bh * N + offs_n, lse, mask=n_ok)
+    tl.store(LSE + pid_bh * N + offs_n, m_i + tl.log2(safe_l), mask=n_ok)
 
 
 def _scale(d: int) -> float:

@@ -30,15 +30,14 @@ def _rv_bwd_kv(
     QI, K, V, MASK, DRV, LSE, DELTA, DK, DV,
     stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
     H, N, D, qk_scale, sm_scale,
-    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program: a tile of BLOCK_N keys; ``dK, dV`` from all m rows of ``R`` (recomputed)."""
+    """One program: a tile of BLOCK_N keys; ``dK, dV`` from all m rows of ``R`` (recomputed), BLOCK_M rows at a time."""
     pid_bh = tl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_j = tl.arange(0, M)
     offs_d = tl.arange(0, BLOCK_D)
     n_ok = offs_n < N
     d_ok = offs_d < D
@@ -46,19 +45,23 @@ def _rv_bwd_kv(
     k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=tile_ok, other=0.0)
     v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=tile_ok, other=0.0)
     real = tl.load(MASK + b * stride_mb + offs_n, mask=n_ok, other=0) != 0
-    small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
-    q = tl.load(QI + small, mask=d_ok[None, :], other=0.0)
-    drv = tl.load(DRV + small, mask=d_ok[None, :], other=0.0)
-    lse = tl.load(LSE + pid_bh * M + offs_j)
-    delta = tl.load(DELTA + pid_bh * M + offs_j)
-    scores_t = _mm(k, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_N, M) = (s·Q_I Kᵀ)ᵀ
-    p_t = tl.where(real[:, None], tl.exp2(scores_t - lse[None, :]), 0.0)
-    dv = _mm32(p_t, drv, PRECISION)
-    dp_t = _mm32(v, tl.trans(drv), PRECISION)
-    ds_t = p_t * (dp_t - delta[None, :])
-    dk = _mm(ds_t, q, F32_DOT, PRECISION) * sm_scale
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start in range(0, M, BLOCK_M):
+        offs_j = start + tl.arange(0, BLOCK_M)
+        small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
+        q = tl.load(QI + small, mask=d_ok[None, :], other=0.0)
+        drv = tl.load(DRV + small, mask=d_ok[None, :], other=0.0)
+        lse = tl.load(LSE + pid_bh * M + offs_j)
+        delta = tl.load(DELTA + pid_bh * M + offs_j)
+        scores_t = _mm(k, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M) = (s·Q_I Kᵀ)ᵀ
+        p_t = tl.where(real[:, None], tl.exp2(scores_t - lse[None, :]), 0.0)
+        dv += _mm32(p_t, drv, PRECISION)
+        dp_t = _mm32(v, tl.trans(drv), PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += _mm(ds_t, q, F32_DOT, PRECISION)
     out = pid_bh * N * D + offs_n[:, None] * D + offs_d[None, :]
-    tl.store(DK + out, dk, mask=tile_ok)
+    tl.store(DK + out, dk * sm_scale, mask=tile_ok)
     tl.store(DV + out, dv, mask=tile_ok)
 
 
@@ -101,19 +104,32 @@ def _rv_bwd_q(
 
 
 @triton.jit
+def _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, offs_j, offs_d, d_ok, D, qk_scale,
+             M: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """Columns ``offs_j`` of ``C`` (recomputed from its log-sum-exp) and of ``dC = dY_C Wᵀ``, and ``K_J``'s rows."""
+    small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
+    kj = tl.load(KJ + small, mask=d_ok[None, :], other=0.0)
+    w = tl.load(W + small, mask=d_ok[None, :], other=0.0)
+    valid = tl.load(VALIDK + pid_bh * M + offs_j) != 0
+    p = tl.where(valid[None, :], tl.exp2(_mm(q, tl.trans(kj), F32_DOT, PRECISION) * qk_scale - lse[:, None]), 0.0)
+    return p, _mm32(dy, tl.trans(w), PRECISION), kj
+
+
+@triton.jit
 def _out_bwd_q(
     Q, KJ, VALIDK, W, SLOT, DY, LSE, DQ, DELTA,
     stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn,
     H, N, D, qk_scale, sm_scale,
-    M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program: a tile of BLOCK_N query rows; ``dQ`` and ``Δ_C`` from the recomputed ``C`` tile."""
+    """One program: a tile of BLOCK_N query rows; ``dQ`` and ``Δ_C`` from the recomputed ``C`` tile,
+    BLOCK_M keys at a time: ``Δ_C`` sums over all m keys before any ``dS``, so a first pass over the
+    keys computes it and a second one ``dQ``."""
     pid_bh = tl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_j = tl.arange(0, M)
     offs_d = tl.arange(0, BLOCK_D)
     n_ok = offs_n < N
     d_ok = offs_d < D
@@ -122,17 +138,19 @@ def _out_bwd_q(
     free = tl.load(SLOT + pid_bh * N + offs_n, mask=n_ok, other=0) < 0  # rows not overwritten by RV
     dy = tl.load(DY + b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :],
                  mask=(n_ok & free)[:, None] & d_ok[None, :], other=0.0)
-    small = pid_bh * M * D + offs_j[:, None] * D + offs_d[None, :]
-    kj = tl.load(KJ + small, mask=d_ok[None, :], other=0.0)
-    w = tl.load(W + small, mask=d_ok[None, :], other=0.0)
-    valid = tl.load(VALIDK + pid_bh * M + offs_j) != 0
     lse = tl.load(LSE + pid_bh * N + offs_n, mask=n_ok, other=0.0)
-    p = tl.where(valid[None, :], tl.exp2(_mm(q, tl.trans(kj), F32_DOT, PRECISION) * qk_scale - lse[:, None]), 0.0)
-    dp = _mm32(dy, tl.trans(w), PRECISION)
-    delta = tl.sum(dp * p, 1)
-    ds = p * (dp - delta[:, None])
-    dq = _mm(ds, kj, F32_DOT, PRECISION) * sm_scale
-    tl.store(DQ + pid_bh * N * D + offs_n[:, None] * D + offs_d[None, :], dq, mask=n_ok[:, None] & d_ok[None, :])
+    delta = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, M, BLOCK_M):
+        p, dp, _ = _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, start + tl.arange(0, BLOCK_M), offs_d, d_ok, D,
+                            qk_scale, M, F32_DOT, PRECISION)
+        delta += tl.sum(dp * p, 1)
+    dq = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start in range(0, M, BLOCK_M):
+        p, dp, kj = _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, start + tl.arange(0, BLOCK_M), offs_d, d_ok, D,
+                             qk_scale, M, F32_DOT, PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += _mm(ds, kj, F32_DOT, PRECISION)
+    tl.store(DQ + pid_bh * N * D + offs_n[:, None] * D + offs_d[None, :], dq * sm_scale, mask=n_ok[:, None] & d_ok[None, :])
     tl.store(DELTA + pid_bh * N + offs_n, delta, mask=n_ok)
 
 

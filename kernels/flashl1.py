@@ -95,10 +95,17 @@ def tiles(kernel: str, block_d: int, dtype: torch.dtype, capability: int, tf32: 
     accumulators, and float32 ``ieee`` dots on CUDA cores). ``own`` has ``16·num_warps`` rows (the dot
     layouts put all warps along it). ``_l1_bwd_kv`` splits its ``dK, dV`` columns over programs of
     ``BLOCK_DO`` columns where both accumulators would not fit.
+
+    Float32 with ``ieee`` dots at ``BLOCK_D = 128`` on sm_90: both backward kernels take (16, 16) tiles
+    and one warp, ``_l1_bwd_kv`` unsplit (``BLOCK_DO = 128``; 232 and ``_l1_bwd_q`` 178 registers, no stack). sm_90's
+    ``ptxas`` spills (0.3-6 KB stack) with each larger tile, warp count or split tried (32-128 rows, 1-8
+    warps, ``BLOCK_DO`` 16-64), at times allocating only 32 or 64 registers.
     """
     fp32, hopper = dtype == torch.float32, capability >= 90
     if kernel == "_l1_fwd":
         return 64, 32 if fp32 or block_d == 128 else 64, 4, block_d
+    if fp32 and hopper and block_d == 128 and not tf32:  # backward, ieee dots with K = 128: see above
+        return 16, 16, 1, block_d
     narrow = 32 if tf32 and block_d == 16 else 16  # float32: ptxas spills a few bytes with TF32 dots at (16, 16)
     if kernel == "_l1_bwd_q":
         if not fp32:

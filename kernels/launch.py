@@ -110,52 +110,149 @@ def block_sizes(n: int, m: int, d: int) -> dict[str, int]:
     return sizes
 
 
-# Per kernel: which tiles are dot operands (staged through shared memory), as (rows, cols, float32?).
-# "fixed" tiles are loaded once per program; "loop" tiles once per iteration over tokens (pipelined:
-# num_stages - 1 copies in flight); "scratch" is the probability tile a looped kernel feeds to a second dot.
-# Measured (tests/test_aot_compile.py): the estimate matches Triton 3.9's allocation for these kernels
-# within a few hundred bytes at fp32, m = 128, d = 128.
+# How each kernel walks its work. "rows": a program owns BLOCK_M of the m selected rows/keys and loops
+# over the n tokens in BLOCK_N tiles. "tokens": a program owns BLOCK_N tokens and loops over the m
+# slots in BLOCK_M chunks (one chunk when BLOCK_M = M). "u": BLOCK_M rows of U against all m keys.
+KIND = {"_rv_fwd": "rows", "_rv_bwd_q": "rows", "_out_bwd_kw": "rows", "_u_fwd": "u",
+        "_out_fwd": "tokens", "_rv_bwd_kv": "tokens", "_out_bwd_q": "tokens"}
+
+# Per kernel: which tiles are dot operands (staged through shared memory), as (rows, cols, float32?,
+# twice under TF32?). float32: the tensor is float32 (W, RV, their gradients, probabilities) or is cast
+# to float32 for an IEEE dot with one (:func:`kernels.flashcur._mm32`), whatever the input dtype.
+# Twice: used both as a dot's B and as its Bᵀ; with TF32 (32-bit tensor-core operands, which cannot
+# be transposed on load) Triton stages a second, transposed copy. "fixed" tiles are loaded once per
+# program; "loop" tiles once per iteration of the kernel's loop (pipelined: num_stages - 1 copies in
+# flight); "scratch" are tiles computed in registers and fed to a dot (probabilities, dS), and
+# _u_fwd's softmax tile, which Triton stages through shared memory to store. Measured
+# (tests/test_aot_compile.py): the estimate is within 1 KiB of, or above, Triton 3.9's allocation for
+# every kernel, dtype and shape on sm_80 and sm_90.
+_ND, _MD = ("BLOCK_N", "BLOCK_D"), ("BLOCK_M", "BLOCK_D")
 TILES = {
-    "_rv_fwd": {"fixed": [("BLOCK_M", "BLOCK_D", False)], "loop": [("BLOCK_N", "BLOCK_D", False)] * 2,
-                "scratch": [("BLOCK_M", "BLOCK_N", False)]},
-    "_u_fwd": {"fixed": [("BLOCK_M", "BLOCK_D", False), ("M", "BLOCK_D", False)]},
-    "_out_fwd": {"fixed": [("BLOCK_N", "BLOCK_D", False), ("M", "BLOCK_D", False), ("M", "BLOCK_D", True)]},
-    "_rv_bwd_kv": {"fixed": [("BLOCK_N", "BLOCK_D", False)] * 2 + [("M", "BLOCK_D", False), ("M", "BLOCK_D", True)]},
-    "_rv_bwd_q": {"fixed": [("BLOCK_M", "BLOCK_D", False), ("BLOCK_M", "BLOCK_D", True)],
-                  "loop": [("BLOCK_N", "BLOCK_D", False)] * 2, "scratch": [("BLOCK_M", "BLOCK_N", True)]},
-    "_out_bwd_q": {"fixed": [("BLOCK_N", "BLOCK_D", False)] * 2 + [("M", "BLOCK_D", False), ("M", "BLOCK_D", True)]},
-    "_out_bwd_kw": {"fixed": [("BLOCK_M", "BLOCK_D", False), ("BLOCK_M", "BLOCK_D", True)],
-                    "loop": [("BLOCK_N", "BLOCK_D", False)] * 2, "scratch": [("BLOCK_M", "BLOCK_N", True)]},
+    "_rv_fwd": {"fixed": [(*_MD, False, False)], "loop": [(*_ND, False, False)] * 2, "scratch": [("BLOCK_M", "BLOCK_N", False, False)]},
+    "_u_fwd": {"fixed": [(*_MD, False, False), ("M", "BLOCK_D", False, False)], "scratch": [("BLOCK_M", "M", True, False)]},
+    "_out_fwd": {"fixed": [(*_ND, False, False)], "loop": [(*_MD, False, False), (*_MD, True, False)],
+                 "scratch": [("BLOCK_N", "BLOCK_M", True, False)]},
+    "_rv_bwd_kv": {"fixed": [(*_ND, False, False), (*_ND, True, False)], "loop": [(*_MD, False, True), (*_MD, True, True)],
+                   # P, dP, dS in float32 (layout conversions between tensor-core and FMA results), dS as an operand
+                   "scratch": [("BLOCK_N", "BLOCK_M", True, False)] * 3 + [("BLOCK_N", "BLOCK_M", False, False)]},
+    "_rv_bwd_q": {"fixed": [(*_MD, False, False), (*_MD, True, False)], "loop": [(*_ND, False, True), (*_ND, True, False)],
+                  "scratch": [("BLOCK_M", "BLOCK_N", False, False)]},
+    "_out_bwd_q": {"fixed": [(*_ND, False, False), (*_ND, True, False)], "loop": [(*_MD, False, True), (*_MD, True, False)] * 2,
+                   "scratch": [("BLOCK_N", "BLOCK_M", False, False)]},  # two passes over the keys, each pipelined
+    "_out_bwd_kw": {"fixed": [(*_MD, False, False), (*_MD, True, False)], "loop": [(*_ND, False, True), (*_ND, True, True)],
+                    "scratch": [("BLOCK_M", "BLOCK_N", True, False), ("BLOCK_M", "BLOCK_N", False, False)]},
+}
+
+# Registers. Every kernel but _rv_fwd and _u_fwd multiplies by a float32 tensor (W, RV, their
+# gradients), and with float32 inputs every dot is float32: those dots run in IEEE precision on the
+# FMA units (TF32 only when asked), where Triton keeps both operands in registers for the whole K
+# dimension, so the register need grows with the tiles and head_dim. Tiles sized for shared memory
+# alone spill (m = d = 128 on sm_80: fp32 _rv_fwd 7,536 B of stack per thread, bf16 _rv_bwd_kv
+# 47,248 B). These launches follow a register rule (:func:`register_launch`): REGISTER_TILES per
+# kernel and operand class (:func:`operands`), a few general limits, and REGISTER_EXCEPTIONS, all
+# measured so that no launch spills on sm_80 or sm_90 (tests/test_aot_compile.py compiles every
+# one; figures in docs/flashcur.md). ptxas' register allocation is not monotone in the tile sizes
+# (a smaller tile can spill where a larger one does not), hence a measured table and not a formula:
+# re-run ``pytest -m slow tests/test_aot_compile.py`` after changing a kernel.
+SHARED_RULE = None  # only tensor-core dots (bf16 / fp16 / TF32 _rv_fwd, _u_fwd): shared memory decides
+SHARED_RULE_WARPS = 4
+REGISTER_TILES = {  # kernel: {operands: (largest BLOCK_N, largest BLOCK_M, num_warps, num_stages)}
+    "_rv_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": SHARED_RULE},
+    "_u_fwd": {"fp32": (MIN_DOT, 32, 8, 1), "tf32": SHARED_RULE, "half": SHARED_RULE},
+    "_out_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
+    "_rv_bwd_kv": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (16, 16, 8, 2)},
+    "_rv_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
+    "_out_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
+    "_out_bwd_kw": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 16, 8, 2)},
+}
+# Cells where the general rule spills (8–192 B) and this launch does not, on both architectures:
+# (kernel, operands, BLOCK_D, m, BLOCK_N) -> (BLOCK_M, num_warps, num_stages).
+REGISTER_EXCEPTIONS = {
+    ("_out_fwd", "tf32", 128, 32, 32): (16, 4, 2),
+    ("_out_fwd", "half", 128, 32, 32): (16, 4, 2),
+    ("_out_fwd", "half", 16, 32, 16): (16, 4, 2),
+    ("_rv_bwd_kv", "tf32", 32, 32, 32): (16, 4, 2),
+    ("_out_bwd_q", "half", 128, 32, 16): (16, 8, 3),
 }
 
 
-def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, operand_bytes: int) -> int:
+def operands(dtype: torch.dtype, tf32: bool) -> str:
+    """Operand class of a launch: "fp32" (float32 inputs, IEEE dots on FMA units), "tf32" (float32
+    inputs, tensor-core TF32 dots), "half" (bf16 / fp16 inputs; products with W, RV stay IEEE fp32)."""
+    if dtype != torch.float32:
+        return "half"
+    return "tf32" if tf32 else "fp32"
+
+
+def register_launch(kernel: str, operand_class: str, m: int, block_d: int, block_n: int) -> tuple[int, int, int] | None:
+    """``(largest BLOCK_M, num_warps, num_stages)`` of the register rule for a program of ``block_n``
+    tokens, or None under :data:`SHARED_RULE`.
+
+    :data:`REGISTER_TILES`, then: BLOCK_M ≤ m and BLOCK_M ≤ BLOCK_N; a "tokens" kernel takes its m
+    slots in at least two chunks from m = 32 (one loop trip over 32 slots spills up to 288 B at
+    head_dim 128); _rv_bwd_q keeps 8 warps only for 32 × 32 tiles at head_dim ≥ 64 (smaller programs
+    spill 8–24 B with 8 warps: ptxas trades registers for occupancy); _u_fwd cannot chunk its m keys
+    (its softmax spans them all), so in fp32 it takes 16-row tiles from m · BLOCK_D = 64 · 128 (32
+    rows spill 176 B) and 16 warps at 128 · 128 (8 warps spill 176 B); last
+    :data:`REGISTER_EXCEPTIONS`.
+    """
+    tiles = REGISTER_TILES[kernel][operand_class]
+    if tiles is SHARED_RULE:
+        return None
+    _, block_m, warps, stages = tiles
+    kind = KIND[kernel]
+    block_m = min(block_m, m)
+    if kind != "u":
+        block_m = min(block_m, block_n)
+    if kind == "tokens":
+        block_m = min(block_m, max(MIN_DOT, m // 2))
+    if kernel == "_rv_bwd_q" and not (block_n >= 32 and block_m >= 32 and block_d >= 64):
+        warps = 4
+    if kernel == "_u_fwd" and m * block_d >= 64 * 128:
+        block_m, warps = MIN_DOT, 16 if m * block_d >= 128 * 128 else warps
+    return REGISTER_EXCEPTIONS.get((kernel, operand_class, block_d, m, block_n), (block_m, warps, stages))
+
+
+def _candidates(kernel: str, sizes: dict[str, int], m: int, operand_class: str):
+    """(BLOCK_N, BLOCK_M, num_warps, num_stages), fastest first.
+
+    BLOCK_N from :func:`block_sizes`'s (capped by :data:`REGISTER_TILES`) down to 16 (_u_fwd has
+    none); within it, under a register rule, :func:`register_launch`'s warps and stages with BLOCK_M
+    from its largest down to 16; under :data:`SHARED_RULE` 4 warps, 3 then 2 pipeline stages (1 for
+    _u_fwd, which has no loop), BLOCK_M from :func:`block_sizes`'s down, keeping BLOCK_N ≤ 2 · BLOCK_M
+    (bf16 _rv_fwd at m = 16 with BLOCK_N = 64 spills 8 B on sm_90).
+    """
+    tiles = REGISTER_TILES[kernel][operand_class]
+    kind = KIND[kernel]
+    block_n = MIN_DOT if kind == "u" else min(sizes["BLOCK_N"], tiles[0] if tiles else sizes["BLOCK_N"])
+    while block_n >= MIN_DOT:
+        rule = register_launch(kernel, operand_class, m, sizes["BLOCK_D"], block_n)
+        if rule is not None:
+            largest_m, warps, stages_list = rule[0], rule[1], (rule[2],)
+        else:
+            largest_m, warps, stages_list = sizes["BLOCK_M"], SHARED_RULE_WARPS, (1,) if kind == "u" else (3, 2)
+        for stages in stages_list:
+            block_m = largest_m
+            while block_m >= MIN_DOT:
+                if rule is not None or kind == "u" or block_n <= 2 * block_m:
+                    yield block_n, block_m, warps, stages
+                block_m //= 2
+        block_n //= 2
+
+
+def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, operand_bytes: int, tf32: bool = False) -> int:
     """Bytes of shared memory ``kernel`` stages its dot operands through (see :data:`TILES`).
 
-    ``operand_bytes`` is 4 when the dots run in float32 (``F32_DOT``), else 2; float32 tensors
-    (``W``, ``RV`` and gradients) are always 4.
+    ``operand_bytes`` is 4 when the dots run in float32 (``F32_DOT``), else 2; float32 tiles are
+    always 4; ``tf32``: the dots run on tensor cores in TF32 (transposed second copies).
     """
     tiles = TILES[kernel]
 
     def total(group: str) -> int:
-        return sum(sizes[r] * sizes[c] * (4 if f32 else operand_bytes) for r, c, f32 in tiles.get(group, []))
+        return sum(sizes[r] * sizes[c] * (4 if f32 else operand_bytes) * (2 if twice and tf32 else 1)
+                   for r, c, f32, twice in tiles.get(group, []))
 
     return total("fixed") + max(num_stages - 1, 1) * total("loop") + total("scratch")
-
-
-def _candidates(kernel: str, sizes: dict[str, int]):
-    """(BLOCK_N, num_stages, BLOCK_M), fastest first: BLOCK_N from the largest down to 16; for each,
-    3 then 2 pipeline stages (kernels that loop over tokens); for each, BLOCK_M down to 16 (kernels
-    that tile the m slots)."""
-    tiles_m = "BLOCK_M" in kernel_function(kernel).arg_names
-    block_n = sizes["BLOCK_N"]
-    while block_n >= MIN_DOT:
-        for stages in ((3, 2) if "loop" in TILES[kernel] else (3,)):
-            block_m = sizes["BLOCK_M"]
-            while block_m >= MIN_DOT:
-                yield block_n, stages, block_m
-                block_m = block_m // 2 if tiles_m else 0
-        block_n //= 2
 
 
 def shared_memory_limit(capability: int) -> int:
@@ -166,20 +263,23 @@ def shared_memory_limit(capability: int) -> int:
 def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False) -> LaunchConfig:
     """Every compile-time parameter of launching ``kernel`` on ``n`` tokens, ``m`` slots, head_dim ``d``.
 
-    Rule: 4 warps; the first of :func:`_candidates` (``BLOCK_N``, stages, ``BLOCK_M``, from
-    :func:`block_sizes` and 3 stages downwards) whose shared-memory estimate
-    (:func:`shared_memory_estimate`) is within ``sm_<capability>``'s limit less :data:`MARGIN`.
-    Raises ``ValueError`` naming ``attention.num_landmarks`` and the head dim when nothing fits.
+    Rule: the first of :func:`_candidates` (tiles from the largest down; warps and stages from the
+    register rule, :func:`register_launch`, or for tensor-core-only launches 4 warps and 3 or 2
+    stages) whose shared-memory estimate (:func:`shared_memory_estimate`) is within
+    ``sm_<capability>``'s limit less :data:`MARGIN`. ``tests/test_aot_compile.py`` compiles the result
+    for sm_80 and sm_90 and checks shared memory and spills. Raises ``ValueError`` naming
+    ``attention.num_landmarks`` and the head dim when nothing fits.
     """
     from kernels.flashcur import interpreted
 
     fn = kernel_function(kernel)
     sizes = block_sizes(n, m, d)
     f32_dot = dtype == torch.float32 or interpreted()
+    precision = "tf32" if tf32 and not interpreted() else "ieee"
     limit = shared_memory_limit(capability) - MARGIN
-    for block_n, stages, block_m in _candidates(kernel, sizes):
+    for block_n, block_m, warps, stages in _candidates(kernel, sizes, m, operands(dtype, tf32)):
         tried = {**sizes, "BLOCK_N": block_n, "BLOCK_M": block_m, "M": m}
-        if shared_memory_estimate(kernel, tried, stages, 4 if f32_dot else 2) <= limit:
+        if shared_memory_estimate(kernel, tried, stages, 4 if f32_dot else 2, tf32=precision == "tf32") <= limit:
             break
     else:
         raise ValueError(
@@ -189,13 +289,9 @@ def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capab
             "Lower attention.num_landmarks, use a smaller head dim (model.d_model / model.num_heads), train in "
             "bf16 (trainer.precision=bf16-mixed), or use attention=curformer"
         )
-    values = {
-        **tried,
-        "F32_DOT": f32_dot,
-        "PRECISION": "tf32" if tf32 and not interpreted() else "ieee",
-    }
+    values = {**tried, "F32_DOT": f32_dot, "PRECISION": precision}
     constexprs = {name: value for name, value in values.items() if name in fn.arg_names and _is_constexpr(fn, name)}
-    return LaunchConfig(constexprs, num_warps=4, num_stages=stages)
+    return LaunchConfig(constexprs, num_warps=warps, num_stages=stages)
 
 
 def check_shape(m: int, d: int, capability: int) -> None:

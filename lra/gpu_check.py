@@ -5,7 +5,9 @@ What it runs (``--dry-run`` prints the plan without a GPU):
 1. ``kernels`` — FlashCUR vs CUR (:func:`attention.cur.cur_attention`, same indices) forward and
    backward on CUDA in fp32 and bf16 for every supported m (16..128) and head dims 32/64/128, with
    the launch configuration (:func:`kernels.launch.launch_config`) each shape used; fp32 must agree to
-   1e-3 (output) / 1e-2 (gradients) relative, bf16 to 5e-2.
+   1e-3 (output) / 1e-2 (gradients) relative, bf16 to 5e-2. Then FlashL1 vs the PyTorch L1 path
+   (:mod:`lra.gpu_check_l1`: :class:`attention.scores.L1Score` weights times ``V``) forward and backward
+   in fp32 and bf16 for a few (n, d), n odd and even, padded keys, to the same tolerances.
 2. ``bench-attention`` — ``python -m lra.bench attention`` (SDPA flash, CUR, FlashCUR, every variant)
    at ``--n`` (1K–16K), fp32 and bf16.
 3. ``bench-train`` — ``python -m lra.bench train --task listops`` at the same n.
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lra import REPO_ROOT
+from lra.gpu_check_l1 import L1_SHAPES, flashl1_checks
 
 STEPS = ("kernels", "bench-attention", "bench-train", "train")
 DEFAULT_N = [1024, 2048, 4096, 8192, 16384]
@@ -69,7 +72,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
     py, n = [sys.executable, "-m"], [str(x) for x in args.n]
     bench = ["--device", "cuda", "--variants", *args.variants]
     steps = {
-        "kernels": [Step("kernels", f"FlashCUR vs CUR forward/backward, fp32 + bf16, (m, d) in {KERNEL_SHAPES}")],
+        "kernels": [Step("kernels", f"FlashCUR vs CUR forward/backward, fp32 + bf16, (m, d) in {KERNEL_SHAPES}; "
+                                    f"FlashL1 vs PyTorch L1, (n, d) in {[(n, d) for n, d, *_ in L1_SHAPES]}")],
         "bench-attention": [
             Step("bench-attention", f"lra.bench attention {dtype}, n = {n}",
                  [*py, "lra.bench", "attention", *bench, "--dtype", dtype, "--n", *n, "--out", str(args.out / f"bench_attention_{dtype}")])
@@ -90,6 +94,22 @@ def plan(args: argparse.Namespace) -> list[Step]:
 
 
 def kernel_checks() -> list[str]:
+    """:func:`flashcur_checks` then :func:`lra.gpu_check_l1.flashl1_checks` (both run): their tables, one
+    after the other; raises at the end with every failing one's message (and the passing tables)."""
+    tables, errors = [], []
+    for check in (flashcur_checks, flashl1_checks):
+        try:
+            tables.append(check())
+        except AssertionError as error:
+            errors.append(str(error))
+    rows = [row for table in tables for row in ["", *table]][1:]
+    if errors:
+        passed = ["\n".join(rows)] if rows else []
+        raise AssertionError("\n\n".join(errors + passed))
+    return rows
+
+
+def flashcur_checks() -> list[str]:
     """FlashCUR vs CUR on CUDA per dtype and shape: one markdown table row each; raises if any is off."""
     import torch
 

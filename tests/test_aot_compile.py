@@ -7,17 +7,19 @@ the wrappers launch with — and asserts per kernel, architecture, dtype and sup
 * it compiles;
 * shared memory per block ≤ the architecture's opt-in maximum (sm_80 167,936 B, sm_90 232,448 B),
   else the launch fails with ``OutOfResources``;
-* no register spills (stack frame of 0 bytes in the cubin), except fp32 with IEEE dots, which spills
-  today (strict ``xfail``: the known open case);
+* no register spills: a stack frame of 0 bytes in the cubin (spilled registers go to slow local
+  memory); :data:`kernels.launch.REGISTER_TILES` is the measured table that makes this hold;
 * :func:`kernels.launch.shared_memory_estimate` (what the rule decides with) does not under-count
   the compiler's figure by more than 1 KiB, so the rule stays safe when a kernel changes.
 
-The default suite compiles the largest shape (m = 128, d = 128, long n) in fp32 for sm_80 — the
-case that overflowed before the per-architecture rule (4 kernels above 167,936 B). ``-m slow`` covers
-every kernel × {sm_80, sm_90} × {fp32 (IEEE and TF32 dots), bf16, fp16} × m ∈ {16, 32, 64, 128} ×
-d ∈ {16, 32, 64, 128} × n ∈ {16, 4096} (``BLOCK_D`` is ``next_pow2(d)``, so these d stand for all
-of 16..128; ``BLOCK_N`` only shrinks below n = 64). Compiling is CPU-heavy: set
-``TRITON_CACHE_DIR`` to keep the compiled kernels between runs.
+The default suite compiles the largest shape (m = d = 128, long n) in fp32 (IEEE dots, on the FMA
+units) for sm_80 — the case that spilled in every kernel before the register rule — for every kernel
+(:data:`FAST`), with bf16 ``_rv_bwd_kv`` (~10 s with an empty Triton cache on an idle core).
+``-m slow`` compiles every distinct launch of every kernel × {sm_80, sm_90} × {fp32 (IEEE and TF32
+dots), bf16, fp16} × m ∈ {16, 32, 64, 128} × d ∈ {16, 32, 64, 128} × n ∈ {16, 32, 4096}
+(``BLOCK_D`` is ``next_pow2(d)``, so these d stand for all of 16..128; ``BLOCK_N`` only shrinks below
+n = 64): 1,184 compiles, ~8 min on one core. Set ``TRITON_CACHE_DIR`` to keep the compiled kernels
+between runs.
 """
 
 from __future__ import annotations
@@ -37,14 +39,33 @@ pytestmark = pytest.mark.skipif(
 
 DTYPES = {"fp32": (torch.float32, False), "fp32-tf32": (torch.float32, True), "bf16": (torch.bfloat16, False),
           "fp16": (torch.float16, False)}
-FAST = [(kernel, 80, "fp32", 4096, 128, 128) for kernel in launch.KERNELS]
-SLOW = [
-    (kernel, capability, dtype, n, m, d)
-    for kernel, capability, dtype, n, m, d in itertools.product(
-        launch.KERNELS, launch.CHECKED_CAPABILITIES, DTYPES, (16, 4096), launch.SUPPORTED_M, (16, 32, 64, 128)
-    )
-    if (kernel, capability, dtype, n, m, d) not in FAST
-]
+HEAD_DIMS = (16, 32, 64, 128)
+TOKENS = (16, 32, 4096)
+# Every kernel at the largest shape in fp32 on sm_80, and bf16 _rv_bwd_kv (47,248 B of spills before).
+FAST = [(kernel, 80, "fp32", 4096, 128, 128) for kernel in launch.KERNELS] + [("_rv_bwd_kv", 80, "bf16", 4096, 128, 128)]
+
+
+def config_of(case) -> launch.LaunchConfig:
+    kernel, capability, dtype_name, n, m, d = case
+    dtype, tf32 = DTYPES[dtype_name]
+    return launch.launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
+
+
+def distinct_launches(cases) -> list:
+    """The first case of each distinct (kernel, architecture, dtype, launch config): the same launch compiles the same."""
+    seen, kept = set(), []
+    for case in cases:
+        config = config_of(case)
+        key = (*case[:3], tuple(sorted(config.constexprs.items())), config.num_warps, config.num_stages)
+        if key not in seen:
+            seen.add(key)
+            kept.append(case)
+    return kept
+
+
+SLOW = distinct_launches(
+    [*FAST, *itertools.product(launch.KERNELS, launch.CHECKED_CAPABILITIES, DTYPES, TOKENS, launch.SUPPORTED_M, HEAD_DIMS)]
+)[len(FAST):]
 
 
 def case_id(case) -> str:
@@ -62,83 +83,86 @@ def compile_case(case):
     return aot.compile_kernel(kernel, capability, dtype, n, m, d, tf32=tf32)
 
 
-def check_fits(case) -> None:
-    """Compiles, fits the architecture's shared memory, and the rule's estimate does not under-count it."""
+def estimate_of(case, config: launch.LaunchConfig) -> int:
+    """:func:`kernels.launch.shared_memory_estimate` of ``case`` launched with ``config``."""
+    kernel, _, _, n, m, d = case
+    sizes = {**launch.block_sizes(n, m, d), **config.constexprs, "M": m}
+    return launch.shared_memory_estimate(kernel, sizes, config.num_stages, 4 if sizes["F32_DOT"] else 2,
+                                         tf32=sizes["PRECISION"] == "tf32")
+
+
+def check_compiled(case) -> None:
+    """Compiles, fits the architecture's shared memory, spills no registers, and the rule's estimate
+    does not under-count the shared memory."""
     kernel, capability, _, n, m, d = case
     compiled = compile_case(case)
     where = f"{case_id(case)} {compiled.config.options}"
     print(f"{where}: shared {compiled.shared:,} B, {compiled.registers} registers, stack {compiled.stack} B")
     assert compiled.shared <= compiled.limit, f"{where}: {compiled.shared:,} B shared memory > sm_{capability} limit {compiled.limit:,}"
-    sizes = {**launch.block_sizes(n, m, d), **compiled.config.constexprs, "M": m}
-    estimate = launch.shared_memory_estimate(kernel, sizes, compiled.config.num_stages, 4 if sizes["F32_DOT"] else 2)
+    assert compiled.stack == 0, (f"{where}: registers spill ({compiled.stack} B stack frame, {compiled.registers} registers): "
+                                 "shrink this kernel's entry in kernels.launch.REGISTER_TILES")
+    estimate = estimate_of(case, compiled.config)
     assert compiled.shared <= estimate + 1024, f"{where}: estimate {estimate:,} B under-counts compiled {compiled.shared:,} B"
 
 
-def check_no_spills(case) -> None:
-    compiled = compile_case(case)
-    assert compiled.stack == 0, (f"{case_id(case)} {compiled.config.options}: registers spill "
-                                 f"({compiled.stack} B stack frame, {compiled.registers} registers)")
-
-
-# Known, open: with fp32 IEEE dots every kernel spills on sm_80 at m = d = 128 (e.g. _rv_fwd: 32 registers,
-# 7,536 B stack frame). They launch and compute correctly, only slower; strict, so a fix turns these red.
-FP32_SPILLS = pytest.mark.xfail(strict=True, reason="fp32 IEEE dots spill registers (open; docs/flashcur.md)")
-
-
 @pytest.mark.parametrize("case", FAST, ids=case_id)
-def test_largest_fp32_shape_fits_an_a100(case):
-    check_fits(case)
-
-
-@FP32_SPILLS
-@pytest.mark.parametrize("case", FAST, ids=case_id)
-def test_largest_fp32_shape_has_no_register_spills(case):
-    check_no_spills(case)
+def test_largest_fp32_shape_fits_an_a100_without_spills(case):
+    check_compiled(case)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW, ids=case_id)
 def test_every_kernel_arch_dtype_and_shape(case):
-    check_fits(case)
-    if case[2] != "fp32":  # fp32 IEEE spills are the known open case above
-        check_no_spills(case)
+    check_compiled(case)
 
 
 @pytest.mark.parametrize("kernel", launch.KERNELS)
 @pytest.mark.parametrize("capability", launch.CHECKED_CAPABILITIES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rule_keeps_the_estimate_under_the_limit(kernel, capability, dtype):
-    """Cheap (no compile): for every supported (m, d) the chosen tiles' estimate fits with the margin."""
-    for m, d, n in itertools.product(launch.SUPPORTED_M, (16, 32, 64, 128), (1, 16, 100, 4096)):
-        config = launch.launch_config(kernel, n, m, d, dtype, capability)
-        sizes = {**launch.block_sizes(n, m, d), **config.constexprs, "M": m}
-        estimate = launch.shared_memory_estimate(kernel, sizes, config.num_stages, 4 if dtype == torch.float32 else 2)
-        assert estimate <= launch.SHARED_MEMORY_LIMIT[capability] - launch.MARGIN, (m, d, n, config)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_rule_keeps_the_estimate_under_the_limit(kernel, capability, dtype_name):
+    """Cheap (no compile): for every supported (m, d) the chosen tiles' estimate fits with the margin,
+    the tiles are dot-safe powers of two within the register table's bounds."""
+    dtype, tf32 = DTYPES[dtype_name]
+    for m, d, n in itertools.product(launch.SUPPORTED_M, HEAD_DIMS, (1, 16, 100, 4096)):
+        config = launch.launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
+        assert estimate_of((kernel, capability, dtype_name, n, m, d), config) <= launch.SHARED_MEMORY_LIMIT[capability] - launch.MARGIN
         for name in ("BLOCK_N", "BLOCK_M", "BLOCK_D"):
             if name in config.constexprs:
                 size = config.constexprs[name]
                 assert size >= launch.MIN_DOT and size & (size - 1) == 0, (name, size)
-        if "BLOCK_M" in config.constexprs:
-            assert m % config.constexprs["BLOCK_M"] == 0
+        assert m % config.constexprs["BLOCK_M"] == 0
+        block_n = config.constexprs.get("BLOCK_N", launch.MIN_DOT)
+        rule = launch.register_launch(kernel, launch.operands(dtype, tf32), m, config.constexprs["BLOCK_D"], block_n)
+        if rule is not None:  # sm_80 / sm_90 never cut a register rule's tiles for shared memory
+            assert (config.constexprs["BLOCK_M"], config.num_warps, config.num_stages) == rule, (m, d, n, config)
 
 
-def test_yesterdays_tiles_overflow_an_a100():
-    """The tiles before this rule (BLOCK_N = BLOCK_M = 64, 3 stages) exceed sm_80 at fp32, m = 128, d = 128:
-    the estimate reproduces the compiled figures of the 4 kernels that overflowed (compiled: 212,992 /
-    196,736 / 196,608 / 180,480 B) and over-counts ``_out_bwd_kw`` (compiled below the limit)."""
+def test_every_kernel_with_an_ieee_float32_dot_has_a_register_rule():
+    """A kernel that multiplies by a float32 tensor (W, RV, gradients: a float32 tile in
+    :data:`kernels.launch.TILES`) has IEEE fp32 dots on the FMA units for every input dtype, so it
+    needs a measured entry for every operand class; the others need one for fp32 inputs only."""
+    for kernel in launch.KERNELS:
+        has_f32_tensor = any(f32 for group in launch.TILES[kernel].values() for *_, f32 in group)
+        classes = ("fp32", "tf32", "half") if has_f32_tensor else ("fp32",)
+        assert all(launch.REGISTER_TILES[kernel][name] is not None for name in classes), kernel
+
+
+def test_tiles_before_the_rules_overflow_an_a100():
+    """The tiles before the per-architecture rule (BLOCK_N = BLOCK_M = 64, 3 stages) exceed sm_80 at fp32,
+    m = d = 128: the estimate reproduces the compiled figures of the two kernels whose structure is
+    unchanged since (compiled then: _rv_bwd_q 212,992 B, _rv_fwd 180,480 B)."""
     sizes = {"BLOCK_N": 64, "BLOCK_M": 64, "BLOCK_D": 128, "M": 128}
-    estimate = {k: launch.shared_memory_estimate(k, sizes, 3, 4) for k in launch.KERNELS}
-    compiled = {"_rv_bwd_q": 212_992, "_out_bwd_q": 196_736, "_rv_bwd_kv": 196_608, "_rv_fwd": 180_480, "_out_fwd": 163_840}
-    for kernel, size in compiled.items():
-        assert abs(estimate[kernel] - size) <= 256, (kernel, estimate[kernel], size)
-    assert {k for k, v in estimate.items() if v > launch.SHARED_MEMORY_LIMIT[80]} == {*list(compiled)[:4], "_out_bwd_kw"}
+    for kernel, compiled in (("_rv_bwd_q", 212_992), ("_rv_fwd", 180_480)):
+        estimate = launch.shared_memory_estimate(kernel, sizes, 3, 4)
+        assert abs(estimate - compiled) <= 256 and estimate > launch.SHARED_MEMORY_LIMIT[80], (kernel, estimate)
 
 
 def test_a_shape_no_tile_serves_is_a_config_error():
-    """sm_86 (RTX 30xx, 99 KiB per block) cannot hold m = 128 rows of head_dim 128: the error names the keys."""
-    with pytest.raises(ValueError, match=r"attention\.num_landmarks.*head_dim 128.*sm_86"):
-        launch.check_shape(128, 128, 86)
-    launch.check_shape(64, 32, 86)  # the LRA default fits
+    """Chunking the m slots lets sm_86 (RTX 30xx, 99 KiB per block) serve m = d = 128; what no tiling
+    serves — _u_fwd's m × d block of keys in fp32 on sm_75 (64 KiB) — is refused naming the keys."""
+    launch.check_shape(128, 128, 86)
+    with pytest.raises(ValueError, match=r"attention\.num_landmarks.*head_dim 128 in fp32 on sm_75"):
+        launch.launch_config("_u_fwd", 4096, 128, 128, torch.float32, 75)
 
 
 # ---- python -m lra.gpu_check: the parts that run without a GPU ------------------------------------
