@@ -57,5 +57,10 @@ class L1Attention(nn.Module):
         if q.is_cuda:
             warnings.warn("L1 attention: FlashL1 has no attention dropout, so training with attention.dropout > 0 "
                           "materialises the n×n weights; set attention.dropout=0 to train with the fused kernel")
-        weights = self.score(q, k, key_mask[:, None, None, :])  # (B, H, n, n), float32
+        return self.materialised(q, k, v, key_mask)
+
+    def materialised(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """The PyTorch path: the ``(B, H, n, n)`` float32 weights (dropout on them in training) times ``V``.
+        CUDA runs it with attention dropout on; ``lra.gpu_check`` checks FlashL1 against it."""
+        weights = self.score(q, k, key_mask[:, None, None, :])
         return (self.dropout(weights) @ v.to(weights.dtype)).to(v.dtype)

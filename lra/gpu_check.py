@@ -6,7 +6,7 @@ What it runs (``--dry-run`` prints the plan without a GPU):
    backward on CUDA in fp32 and bf16 for every supported m (16..128) and head dims 32/64/128, with
    the launch configuration (:func:`kernels.launch.launch_config`) each shape used; fp32 must agree to
    1e-3 (output) / 1e-2 (gradients) relative, bf16 to 5e-2. Then FlashL1 vs the PyTorch L1 path
-   (:mod:`lra.gpu_check_l1`: :class:`attention.scores.L1Score` weights times ``V``) forward and backward
+   (:mod:`lra.gpu_check_l1`: :meth:`attention.l1.L1Attention.materialised`, L1 weights times ``V``) forward and backward
    in fp32 and bf16 for a few (n, d), n odd and even, padded keys, to the same tolerances.
 2. ``bench-attention`` — ``python -m lra.bench attention`` (SDPA flash, CUR, FlashCUR, every variant)
    at ``--n`` (1K–16K), fp32 and bf16.

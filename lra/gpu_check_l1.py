@@ -2,8 +2,8 @@
 
 FlashL1 (:func:`kernels.flashl1.flash_l1_attention`, what :class:`attention.l1.L1Attention` runs on CUDA
 without attention dropout) against the PyTorch path of the same attention that CUDA takes with dropout
-on (:func:`reference_l1`: :class:`attention.scores.L1Score` weights, ``cdist`` forward and query-chunked
-backward, then ``weights @ V``), forward and backward (``q, k, v`` gradients of ``Σ y²``) in fp32 and
+on (:func:`reference_l1`: :meth:`attention.l1.L1Attention.materialised`, the :class:`attention.scores.L1Score`
+weights, ``cdist`` forward and query-chunked backward, then ``weights @ V``), forward and backward (``q, k, v`` gradients of ``Σ y²``) in fp32 and
 bf16 for the shapes of :data:`L1_SHAPES` (n odd and even, one and several tiles, padded keys and an
 all-pad sequence). One markdown row per dtype and shape with both relative errors (Frobenius) and the
 launch tiles of the three kernels on this GPU; raises at the end when any row is off.
@@ -23,11 +23,11 @@ TOLERANCE = {"fp32": (1e-3, 1e-2), "bf16": (5e-2, 5e-2)}  # relative (output, gr
 
 
 def reference_l1(q, k, v, key_mask, lam: float):
-    """``softmax(−λ‖q_i − k_j‖₁/√d + pad mask) V`` through PyTorch ops only (no Triton), in float32, cast back."""
-    from attention.scores import L1Score
+    """``softmax(−λ‖q_i − k_j‖₁/√d + pad mask) V`` through PyTorch ops only (no Triton), in float32, cast back:
+    :meth:`attention.l1.L1Attention.materialised`, without dropout."""
+    from attention.l1 import L1Attention
 
-    weights = L1Score(lam)(q, k, key_mask[:, None, None, :])  # (B, H, n, n) float32, masked_softmax
-    return (weights @ v.to(weights.dtype)).to(v.dtype)
+    return L1Attention(q.shape[1], q.shape[-1], lam).materialised(q, k, v, key_mask)
 
 
 def launch_summary(n: int, d: int, like) -> str:

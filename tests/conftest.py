@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
@@ -57,3 +58,13 @@ def tiny_listops_overrides(tiny_listops, tmp_path) -> list[str]:
         "task.eval_every=2",
         "logger=csv",
     ]
+
+
+@pytest.fixture
+def exact_float32_matmuls():
+    """Plain float32 matmuls on a GPU (no TF32) while a test runs, like the Triton kernels' ``ieee`` dots and
+    the tolerances the kernel tests assume; restored afterwards."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved

@@ -17,20 +17,14 @@ import pytest
 import torch
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = pytest.mark.skipif(
-    not (INTERPRETER or torch.cuda.is_available()),
-    reason="needs CUDA or TRITON_INTERPRET=1 at start-up; run by test_flashcur.py::test_kernels_under_the_interpreter",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (INTERPRETER or torch.cuda.is_available()),
+        reason="needs CUDA or TRITON_INTERPRET=1 at start-up; run by test_flashcur.py::test_kernels_under_the_interpreter",
+    ),
+    pytest.mark.usefixtures("exact_float32_matmuls"),  # tests/conftest.py: CUR's reference matmuls without TF32
+]
 DEVICE = "cpu" if INTERPRETER or not torch.cuda.is_available() else "cuda"
-
-
-@pytest.fixture(autouse=True)
-def exact_float32_matmuls():
-    """CUR's reference matmuls in plain fp32 (no TF32 on GPU), like the kernels' ``ieee`` dots."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def make_inputs(batch, heads, n, d, pad_last: int, seed=0, dtype=torch.float32):

@@ -33,14 +33,7 @@ needs_kernels = pytest.mark.skipif(not RUNS_KERNELS, reason="needs CUDA or TRITO
                                    "run by test_kernels_under_the_interpreter")
 needs_compiler = pytest.mark.skipif(INTERPRETER, reason="kernels defined under the interpreter cannot be compiled for a GPU")
 
-
-@pytest.fixture(autouse=True)
-def exact_float32_matmuls():
-    """Plain float32 dots on a GPU (no TF32), as the tolerances below assume."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = saved
+pytestmark = pytest.mark.usefixtures("exact_float32_matmuls")  # tests/conftest.py: no TF32, as the tolerances assume
 
 
 def dense_l1(q, k, v, key_mask, lam):
