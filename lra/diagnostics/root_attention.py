@@ -1,0 +1,82 @@
+"""How much attention every ListOps token pays to the root operator (key 0), per layer and attention variant.
+
+    python -m lra.diagnostics.root_attention --data data/listops_full [--ckpt RUN/checkpoints/best-2750.ckpt]
+        [--batch 8] [--variants attention=softmax "attention=curformer attention.force_cls=true" ...]
+
+ListOps' label is mostly decided by its first token, the root operator (``python -m lra.tasks.listops
+cue``); with mean pooling a model can only use it if attention carries key 0's value to the other
+tokens. For each variant (a string of Hydra overrides) the script builds the model, loads ``--ckpt``'s
+weights if given (any variant can take any checkpoint: attention has no parameters of its own), runs the
+first ``--batch`` validation sequences and materialises each layer's *effective* attention matrix (the
+attention applied to ``V = I``, so CUR's ``C U⁺ R`` as well as exact softmax). It prints the mean weight a
+real query puts on key 0, times the sequence's real length: 1 means uniform attention, ``n`` means every
+query looks only at the root operator. Deterministic for a given checkpoint and batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+import torch
+
+from lra.bench.common import compose_config
+from lra.checkpoints import load_transferred_weights
+from lra.module import build_model
+from lra.tasks.listops import read_tsv
+
+DEFAULT_VARIANTS = ["attention=softmax", "attention=curformer", "attention=curformer attention.force_cls=true",
+                    "attention=curformer attention.selection=step"]
+
+
+def padded_batch(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids ``(B, n)`` right-padded with 0 to the longest sequence, and the real-token mask."""
+    n = max(map(len, sequences))
+    input_ids = torch.zeros(len(sequences), n, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        input_ids[row, : len(sequence)] = torch.tensor(sequence)
+    return input_ids, input_ids != 0
+
+
+@torch.no_grad()
+def root_weights(model, input_ids: torch.Tensor, key_mask: torch.Tensor) -> list[float]:
+    """Per layer: mean over sequences and heads of (mean weight of a real query on key 0) × n_real."""
+    n = input_ids.shape[1]
+    n_real = key_mask.sum(1, keepdim=True).float()  # (B, 1)
+    x = model.embed(input_ids)
+    ratios = []
+    for block in model.blocks:
+        attn = block.attn
+        hidden = block.norm1(x)
+        q, k = (attn.split_heads(proj(hidden)) for proj in (attn.q_proj, attn.k_proj))
+        identity = torch.eye(n).expand(input_ids.shape[0], attn.num_heads, n, n).contiguous()
+        on_root = attn.attend(q, k, identity, key_mask)[..., 0]  # (B, H, n): weight of each query on key 0
+        real = key_mask[:, None, :]
+        mean_on_root = (on_root * real).sum(-1) / real.sum(-1)  # (B, H)
+        ratios.append((mean_on_root * n_real).mean().item())
+        x = block(x, key_mask, {})
+    return ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="a ListOps folder with basic_val.tsv")
+    parser.add_argument("--ckpt", help="a training checkpoint (.ckpt); default: the models at initialisation")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, help="each a string of Hydra overrides")
+    args = parser.parse_args()
+    sequences, _ = read_tsv(Path(args.data) / "basic_val.tsv")
+    input_ids, key_mask = padded_batch(sequences[: args.batch])
+    print(f"{args.ckpt or 'initialisation'}: {args.batch} validation sequences, n ≤ {input_ids.shape[1]}")
+    for variant in args.variants:
+        torch.manual_seed(0)
+        model = build_model(compose_config(["task=listops", "model.dropout=0", *shlex.split(variant)])).eval()
+        if args.ckpt:
+            load_transferred_weights(model, args.ckpt)
+        ratios = root_weights(model, input_ids, key_mask)
+        print(f"  {variant:50s} " + "  ".join(f"layer {i}: {r:7.2f}" for i, r in enumerate(ratios)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""``python -m lra.diagnostics.root_attention``: the weight on key 0 it reports against a dense softmax reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lra.diagnostics import root_attention as probe
+from lra.module import build_model
+from lra.tasks.listops import read_tsv
+from tests.conftest import compose_config
+
+
+def dense_root_ratio(model, input_ids: torch.Tensor, key_mask: torch.Tensor) -> float:
+    """Layer 0 by hand: softmax(Q Kᵀ / √d) over real keys, column 0, mean over real queries, × n_real."""
+    attn = model.blocks[0].attn
+    hidden = model.blocks[0].norm1(model.embed(input_ids))
+    q, k = (attn.split_heads(proj(hidden)) for proj in (attn.q_proj, attn.k_proj))
+    logits = (q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim)).masked_fill(~key_mask[:, None, None, :], -math.inf)
+    on_root = torch.softmax(logits, -1)[..., 0]  # (B, H, n)
+    ratios = []
+    for b in range(input_ids.shape[0]):
+        n_real = int(key_mask[b].sum())
+        ratios.append(on_root[b, :, :n_real].mean(-1) * n_real)
+    return torch.stack(ratios).mean().item()
+
+
+@pytest.fixture
+def batch(tiny_listops):
+    sequences, _ = read_tsv(tiny_listops / "basic_val.tsv")
+    input_ids, key_mask = probe.padded_batch(sequences[:6])
+    assert key_mask.sum(1).unique().numel() > 1  # padding is exercised
+    return input_ids, key_mask
+
+
+@pytest.mark.parametrize("variant", [["attention=softmax"], ["attention=curformer", "attention.num_landmarks=64"]])
+def test_layer0_weight_on_root_matches_dense_softmax(batch, variant):
+    """Softmax, and CUR selecting every real token (then exact), report the dense softmax's weight on key 0."""
+    input_ids, key_mask = batch
+    torch.manual_seed(3)
+    model = build_model(compose_config(["task=listops", "model.dropout=0", *variant])).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.k_proj.weight.mul_(20)  # sharpen attention so the weights are far from uniform
+        expected = dense_root_ratio(model, input_ids, key_mask)
+        ratios = probe.root_weights(model, input_ids, key_mask)
+    assert len(ratios) == len(model.blocks)
+    assert abs(expected - 1) > 0.05
+    assert ratios[0] == pytest.approx(expected, rel=1e-4)
+
+
+def test_uniform_attention_reads_one(batch):
+    """With all queries zero, attention is uniform over real keys: the ratio is exactly 1 in every layer."""
+    input_ids, key_mask = batch
+    model = build_model(compose_config(["task=listops", "model.dropout=0", "attention=softmax"])).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q_proj.weight.zero_()
+            block.attn.q_proj.bias.zero_()
+        ratios = probe.root_weights(model, input_ids, key_mask)
+    assert ratios == pytest.approx([1.0] * len(model.blocks), rel=1e-5)
