@@ -1,4 +1,4 @@
-"""``python -m lra.diagnostics.root_attention``: the weight on key 0 it reports against a dense softmax reference."""
+"""`lra.diagnostics`: root_attention against a dense softmax reference; cue_agreement counted by hand."""
 
 from __future__ import annotations
 
@@ -60,3 +60,18 @@ def test_uniform_attention_reads_one(batch):
             block.attn.q_proj.bias.zero_()
         ratios = probe.root_weights(model, input_ids, key_mask)
     assert ratios == pytest.approx([1.0] * len(model.blocks), rel=1e-5)
+
+
+def test_cue_agreement_counts_by_hand():
+    """``compare`` and ``labels_per_operator`` on labels whose answers are worked out by hand."""
+    from lra.diagnostics.cue_agreement import compare, labels_per_operator
+
+    targets = torch.tensor([0, 9, 4, 7, 3, 0])
+    cue = torch.tensor([0, 9, 4, 7, 4, 9])  # wrong on examples 4 and 5
+    model = torch.tensor([0, 9, 1, 7, 3, 0])  # right on 4 and 5, wrong on 2
+    result = compare(model, cue, targets)
+    assert result == {"model_acc": pytest.approx(5 / 6), "cue_acc": pytest.approx(4 / 6),
+                      "agreement": pytest.approx(3 / 6), "model_acc_where_cue_wrong": 1.0, "cue_wrong": 2}
+    operators = ["[MIN", "[MAX", "[MED", "[SM", "[MED", "[MED"]
+    table = labels_per_operator(model, operators)
+    assert table == {"[MIN": (0, 1.0, 1), "[MAX": (9, 1.0, 1), "[MED": (0, pytest.approx(1 / 3), 3), "[SM": (7, 1.0, 1)}
