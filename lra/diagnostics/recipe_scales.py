@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from lra.bench.common import compose_config
+from lra.diagnostics.root_attention import padded_batch
 from lra.module import build_model
 from lra.tasks.listops import read_tsv
-from lra.bench.common import compose_config
 
 
 def rms(x: torch.Tensor) -> float:
@@ -47,19 +48,15 @@ def main() -> None:
     parser.add_argument("--overrides", nargs="*", default=["attention=curformer"])
     args = parser.parse_args()
     sequences, _ = read_tsv(Path(args.data) / "basic_train.tsv")
-    batch = sequences[: args.batch]
-    n = max(map(len, batch))
-    input_ids = torch.zeros(len(batch), n, dtype=torch.long)
-    for row, sequence in enumerate(batch):
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
-    key_mask = input_ids != 0
+    input_ids, key_mask = padded_batch(sequences[: args.batch])
+    batch, n = input_ids.shape
     for std in ("null", "0.02"):
         torch.manual_seed(0)
         cfg = compose_config(["task=listops", f"task.max_length={n}", "model.dropout=0", *args.overrides,
                               f"model.embedding_init_std={std}"])
         model = build_model(cfg).eval()
         lr = cfg.optimizer.lr
-        print(f"embedding_init_std={std} (n = {n}, batch {len(batch)}, lr {lr:g})")
+        print(f"embedding_init_std={std} (n = {n}, batch {batch}, lr {lr:g})")
         print("\n".join(branch_scales(model, input_ids, key_mask)))
         for name in ("token_embedding", "position_embedding"):
             weight = getattr(model, name).weight

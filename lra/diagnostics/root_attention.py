@@ -6,7 +6,8 @@
 ListOps' label is mostly decided by its first token, the root operator (``python -m lra.tasks.listops
 cue``); with mean pooling a model can only use it if attention carries key 0's value to the other
 tokens. For each variant (a string of Hydra overrides) the script builds the model, loads ``--ckpt``'s
-weights if given (any variant can take any checkpoint: attention has no parameters of its own), runs the
+weights if given (softmax and CUR have no parameters of their own, so one checkpoint loads under
+either; variants with parameters such as Proxyformer need a checkpoint of their own), runs the
 first ``--batch`` validation sequences and materialises each layer's *effective* attention matrix (the
 attention applied to ``V = I``, so CUR's ``C U⁺ R`` as well as exact softmax). It prints the mean weight a
 real query puts on key 0, times the sequence's real length: 1 means uniform attention, ``n`` means every
