@@ -25,6 +25,7 @@ import torch
 from lra.bench.common import compose_config
 from lra.checkpoints import load_transferred_weights
 from lra.module import build_model
+from lra.tasks.base import SplitDataset, TokenizedSplit, collate
 from lra.tasks.listops import read_tsv
 
 DEFAULT_VARIANTS = ["attention=softmax", "attention=curformer", "attention=curformer attention.force_cls=true",
@@ -32,12 +33,10 @@ DEFAULT_VARIANTS = ["attention=softmax", "attention=curformer", "attention=curfo
 
 
 def padded_batch(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids ``(B, n)`` right-padded with 0 to the longest sequence, and the real-token mask."""
-    n = max(map(len, sequences))
-    input_ids = torch.zeros(len(sequences), n, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
-    return input_ids, input_ids != 0
+    """Token ids ``(B, n)`` and real-token mask, padded as training batches are (``TokenizedSplit`` + ``collate``)."""
+    dataset = SplitDataset(TokenizedSplit.from_sequences(sequences, [0] * len(sequences), max(map(len, sequences))))
+    batch = collate([dataset[i] for i in range(len(dataset))])
+    return batch["input_ids"], batch["mask"]
 
 
 @torch.no_grad()
