@@ -4,7 +4,7 @@
 ``configs/evaluate.yaml`` (train.yaml plus ``ckpt_path``), builds the model with the requested
 attention, loads the checkpoint's weights (:func:`lra.checkpoints.load_transferred_weights`: strict
 on shared parameters, naming any skipped or freshly initialised one), tests it and writes
-``<run dir>/results.json`` with ``test_acc``, ``transferred_from``, ``skipped`` and ``initialised``.
+``<run dir>/results.json`` with ``test_acc`` (and ``independent_test_acc`` where the data holds it), ``transferred_from``, ``skipped`` and ``initialised``.
 This is CUR paper Table 3 (MEGA -> MegaCUR) and §8 (softmax ViT -> CUR) without fine-tuning; for
 fine-tuning, train with ``init_from=<ckpt>``. Run dirs go under ``outputs/evaluations/`` (not
 ``outputs/runs/``), so a report of training runs never mixes evaluations in.
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from lra.checkpoints import load_transferred_weights
 from lra.module import build_module
 from lra.results import write_results
-from lra.train import build_trainer, finish_wandb
+from lra.train import build_trainer, finish_wandb, test_accuracies, write_test_predictions
 
 
 def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
@@ -35,9 +35,10 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
     datamodule = instantiate(cfg.task.datamodule)
     trainer = build_trainer(cfg, run_dir)
     started = time.perf_counter()
-    test_metrics = trainer.test(module, datamodule=datamodule)[0]
+    accuracies = test_accuracies(trainer.test(module, datamodule=datamodule))
+    write_test_predictions(trainer, module, run_dir)
     return {
-        "test_acc": float(test_metrics["test/acc"]),
+        **accuracies,
         "steps": 0,
         "eval_time_s": time.perf_counter() - started,
         "transferred_from": str(Path(cfg.ckpt_path).resolve()),

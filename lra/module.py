@@ -14,9 +14,11 @@ from torchmetrics.classification import MulticlassAccuracy
 
 class LRAModule(L.LightningModule):
     """Trains ``model(input_ids, mask) -> (logits, aux_losses)``; logs ``train/loss``, ``train/acc``,
-    ``val/acc``, ``val/acc_best``, ``test/acc`` and every auxiliary loss as ``train/<name>``.
+    ``val/acc``, ``val/acc_best``, ``<split>/acc`` for every test split of the datamodule (``test/acc``,
+    ListOps' ``independent_test/acc``) and every auxiliary loss as ``train/<name>``.
 
-    ``val_curve`` lists ``[step, val acc]`` for every evaluation (kept in checkpoints, written to
+    ``test_predictions`` holds, after ``trainer.test``, each test split's predicted and true labels in
+    the loader's order (this process's share of them under DDP). ``val_curve`` lists ``[step, val acc]`` for every evaluation (kept in checkpoints, written to
     ``results.json``: the learning curve ``lra.report --curves`` plots)."""
 
     def __init__(
@@ -32,7 +34,10 @@ class LRAModule(L.LightningModule):
         self.scheduler_factory = scheduler
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.num_classes = num_classes
+        self.test_split_names: list[str] = []
+        self.test_accs = nn.ModuleDict()
+        self.test_predictions: dict[str, dict[str, list]] = {}
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # survives resume from last.ckpt
         self.samples_seen = 0
@@ -73,10 +78,22 @@ class LRAModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.val_curve = list(checkpoint.get("val_curve", []))
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
+    def on_test_epoch_start(self) -> None:
+        datamodule = self.trainer.datamodule
+        self.test_split_names = datamodule.test_splits() if hasattr(datamodule, "test_splits") else ["test"]
+        self.test_accs = nn.ModuleDict(
+            {split: MulticlassAccuracy(self.num_classes, average="micro") for split in self.test_split_names}
+        ).to(self.device)
+        self.test_predictions = {split: {"pred": [], "label": []} for split in self.test_split_names}
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = self.test_split_names[dataloader_idx]
         logits, _ = self(batch["input_ids"], batch["mask"])
-        self.test_acc(logits, batch["label"])
-        self.log("test/acc", self.test_acc, sync_dist=True, batch_size=len(batch["label"]))
+        accuracy = self.test_accs[split]
+        accuracy(logits, batch["label"])
+        self.log(f"{split}/acc", accuracy, sync_dist=True, batch_size=len(batch["label"]), add_dataloader_idx=False)
+        self.test_predictions[split]["pred"].append(logits.argmax(-1))
+        self.test_predictions[split]["label"].append(batch["label"])
 
     def configure_optimizers(self) -> dict:
         optimizer = self.optimizer_factory(params=self.parameters())

@@ -72,6 +72,18 @@ def config_differences(recorded: dict, current: dict, limit: int = 5) -> list[st
     return shown + ([f"{len(keys) - limit} more"] if len(keys) > limit else [])
 
 
+def write_predictions(run_dir: Path, predictions: dict[str, dict[str, list[torch.Tensor]]]) -> Path:
+    """``run_dir/predictions.json``: ``{split: {"pred": [...], "label": [...]}}`` per test example, in the data's
+    order, for paired tests between runs on the same examples (``lra.report``'s McNemar column)."""
+    path = Path(run_dir) / "predictions.json"
+    record = {split: {key: torch.cat(values).tolist() if values else [] for key, values in columns.items()}
+              for split, columns in predictions.items()}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, separators=(",", ":")))
+    tmp.replace(path)
+    return path
+
+
 def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> Path:
     """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics.
 

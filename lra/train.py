@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lra.checkpoints import load_transferred_weights
 from lra.hydra_callbacks import unfinished_jobs
 from lra.module import build_module
-from lra.results import config_differences, git_commit, job_overrides, read_results, write_results
+from lra.results import config_differences, git_commit, job_overrides, read_results, write_predictions, write_results
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
@@ -93,13 +93,14 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         train_time = time.perf_counter() - started
         has_best = bool(getattr(trainer.checkpoint_callback, "best_model_path", ""))
         val_curve = list(module.val_curve)  # testing loads the best checkpoint, whose curve ends at its step
-        test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path="best" if has_best else None)[0]
+        per_loader = trainer.test(module, datamodule=datamodule, ckpt_path="best" if has_best else None)
     except BaseException as error:
         error.step = trainer.global_step  # the step the failed / interrupted record names
         raise
+    write_test_predictions(trainer, module, run_dir)
     return {
         "val_acc_best": float(module.val_acc_best.compute()),
-        "test_acc": float(test_metrics["test/acc"]),
+        **test_accuracies(per_loader),
         "steps": trainer.global_step,
         "train_time_s": train_time,
         "samples_per_s": module.samples_seen * trainer.world_size / train_time if train_time > 0 else None,
@@ -107,6 +108,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "resumed_from_step": resumed_from_step,
         "val_curve": val_curve,
     }
+
+
+def test_accuracies(per_loader: list[dict]) -> dict[str, float]:
+    """``trainer.test``'s metrics (one dict per test loader) as ``{"<split>_acc": value}``: ``test_acc``, and
+    ``independent_test_acc`` where the data holds that split."""
+    metrics = {key: value for loader_metrics in per_loader for key, value in loader_metrics.items()}
+    return {f"{key.removesuffix('/acc')}_acc": float(value) for key, value in metrics.items() if key.endswith("/acc")}
+
+
+def write_test_predictions(trainer: L.Trainer, module, run_dir: Path) -> None:
+    """``predictions.json`` beside ``results.json`` (one process only: under DDP each rank saw a share)."""
+    if trainer.world_size == 1:
+        write_predictions(run_dir, module.test_predictions)
+    else:
+        print(f"[lra] predictions.json not written: {trainer.world_size} processes each tested a share of the "
+              "examples; test on one device (lra.evaluate) for per-example predictions", flush=True)
 
 
 def finish_wandb() -> None:
@@ -186,7 +203,10 @@ def main(cfg: DictConfig) -> float | None:
     finally:
         finish_wandb()
     path = write_results(run_dir, cfg, "completed", **metrics)
-    print(f"[lra] test acc {metrics['test_acc']:.4f} (best val {metrics['val_acc_best']:.4f}); results: {path}", flush=True)
+    independent = (f", independent test acc {metrics['independent_test_acc']:.4f}"
+                   if "independent_test_acc" in metrics else "")
+    print(f"[lra] test acc {metrics['test_acc']:.4f}{independent} (best val {metrics['val_acc_best']:.4f}); "
+          f"results: {path}", flush=True)
     return metrics["test_acc"]
 
 

@@ -112,6 +112,14 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         """Everything that changes the cached tensors (extend in subclasses; source files by :func:`file_fingerprint`)."""
         return {"task": self.task_name, "max_length": self.max_length, "data_dir": str(self.data_dir.resolve())}
 
+    def extra_test_splits(self) -> list[str]:
+        """Test sets beyond ``test`` that ``data_dir`` holds, tested after it (ListOps' independent test); none here."""
+        return []
+
+    def test_splits(self) -> list[str]:
+        """The splits ``trainer.test`` evaluates, in order: ``test``, then :meth:`extra_test_splits`."""
+        return ["test", *self.extra_test_splits()]
+
     def check_data(self) -> None:
         """Raise a clear error (what is missing, how to get it) before anything is read."""
 
@@ -170,11 +178,11 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         """Build missing caches once (rank 0); without a cache ``setup`` reads the data, so nothing to do here."""
         if self.cache_dir is None:
             return
-        for split in SPLITS:
+        for split in (*SPLITS, *self.extra_test_splits()):
             self.load_split(split)
 
     def setup(self, stage: str | None = None) -> None:
-        for split in SPLITS:
+        for split in (*SPLITS, *self.extra_test_splits()):
             if split not in self.splits:
                 self.splits[split] = self.load_split(split)
 
@@ -200,8 +208,8 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     def val_dataloader(self) -> DataLoader:
         return self.loader("val", shuffle=False)
 
-    def test_dataloader(self) -> DataLoader:
-        return self.loader("test", shuffle=False)
+    def test_dataloader(self) -> list[DataLoader]:
+        return [self.loader(split, shuffle=False) for split in self.test_splits()]
 
     # --- resume: Lightning stores this in checkpoints and gives it back on resume ----------------
     def state_dict(self) -> dict[str, Any]:

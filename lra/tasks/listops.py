@@ -10,6 +10,11 @@ token ids are not reproducible).
 Format: TSV with header ``Source\\tTarget``; tokenisation maps ``]`` to ``X`` and drops ``(``/``)``.
 
     python -m lra.tasks.listops generate --out data/listops --train 96000 --val 2000 --test 2000 --seed 0
+
+Full-size generation also writes ``basic_independent_test.tsv`` (20,000 examples by default,
+``--independent-test 0`` to skip): drawn after the three official splits from the same seeded
+stream, so it is disjoint from all of them and leaves them unchanged. Training tests the best
+checkpoint on it after the test split when the file is present (``independent_test_acc``).
     python -m lra.tasks.listops cue data/listops   # accuracy of the first-operator shortcut (lra.tasks.listops_cue)
 """
 
@@ -78,11 +83,15 @@ def tokenize(source: str) -> list[int]:
     return [TOKEN_IDS.get(token, TOKEN_IDS["<unk>"]) for token in tokens]
 
 
+INDEPENDENT_TEST = "independent_test"
+
+
 def generate(
     out: Path, sizes: dict[str, int], seed: int, min_length: int = 500, max_length: int = 2000,
     max_depth: int = 10, max_args: int = 10,
 ) -> None:
-    """Write ``out/basic_{train,val,test}.tsv`` with unique examples of ``min_length < length < max_length``.
+    """Write ``out/basic_<split>.tsv`` for each split of ``sizes`` (in its order), examples unique across all
+    splits, each of ``min_length < length < max_length``.
 
     Each file is written whole or not at all (a temporary file renamed into place), so a killed run
     never leaves a truncated split that looks complete."""
@@ -139,12 +148,21 @@ class ListOpsDataModule(CachedDataModule):
     def paths(self) -> dict[str, Path]:
         return {split: self.data_dir / f"basic_{split}.tsv" for split in ("train", "val", "test")}
 
+    def extra_test_splits(self) -> list[str]:
+        """The 20,000-example independent test when ``data_dir`` holds it (``generate`` writes it)."""
+        return [INDEPENDENT_TEST] if self.independent_test_path().exists() else []
+
+    def independent_test_path(self) -> Path:
+        return self.data_dir / f"basic_{INDEPENDENT_TEST}.tsv"
+
     def cache_settings(self) -> dict:
         files = {split: file_fingerprint(path) for split, path in self.paths().items()}
+        if self.extra_test_splits():
+            files[INDEPENDENT_TEST] = file_fingerprint(self.independent_test_path())
         return {**super().cache_settings(), "vocab": list(VOCAB), "files": files}
 
     def split_source(self, split: str) -> str:
-        return str(self.paths()[split])
+        return str({**self.paths(), INDEPENDENT_TEST: self.independent_test_path()}[split])
 
     def missing(self) -> list[str]:
         return [str(path) for path in self.paths().values() if not path.exists()]
@@ -167,18 +185,20 @@ class ListOpsDataModule(CachedDataModule):
         )
 
     def read_split(self, split: str) -> TokenizedSplit:
-        sequences, labels = read_tsv(self.paths()[split])
+        sequences, labels = read_tsv(Path(self.split_source(split)))
         return TokenizedSplit.from_sequences(sequences, labels, self.max_length)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lra.tasks.listops", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="write basic_{train,val,test}.tsv in the official format")
+    gen = commands.add_parser("generate", help="write basic_{train,val,test,independent_test}.tsv in the official format")
     gen.add_argument("--out", type=Path, required=True)
     gen.add_argument("--train", type=int, default=96000)
     gen.add_argument("--val", type=int, default=2000)
     gen.add_argument("--test", type=int, default=2000)
+    gen.add_argument("--independent-test", type=int, default=20000,
+                     help="size of basic_independent_test.tsv, drawn after the other splits (0: not written)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--min-length", type=int, default=500)
     gen.add_argument("--max-length", type=int, default=2000)
@@ -193,8 +213,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    sizes = {"train": args.train, "val": args.val, "test": args.test}
+    if args.independent_test > 0:
+        sizes[INDEPENDENT_TEST] = args.independent_test
     generate(
-        args.out, {"train": args.train, "val": args.val, "test": args.test}, seed=args.seed,
+        args.out, sizes, seed=args.seed,
         min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth, max_args=args.max_args,
     )
 
