@@ -61,6 +61,6 @@ class L1Attention(nn.Module):
 
     def materialised(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The PyTorch path: the ``(B, H, n, n)`` float32 weights (dropout on them in training) times ``V``.
-        CUDA runs it with attention dropout on; ``lra.gpu_check`` checks FlashL1 against it."""
+        CUDA runs it with attention dropout on; ``lra.bench.gpu_check`` checks FlashL1 against it."""
         weights = self.score(q, k, key_mask[:, None, None, :])
         return (self.dropout(weights) @ v.to(weights.dtype)).to(v.dtype)

@@ -19,7 +19,7 @@ class LRAModule(L.LightningModule):
 
     ``test_predictions`` holds, after ``trainer.test``, each test split's predicted and true labels in
     the loader's order (this process's share of them under DDP). ``val_curve`` lists ``[step, val acc]`` for every evaluation (kept in checkpoints, written to
-    ``results.json``: the learning curve ``lra.report --curves`` plots)."""
+    ``results.json``: the learning curve ``lra.analysis.report --curves`` plots)."""
 
     def __init__(
         self,

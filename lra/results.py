@@ -74,7 +74,7 @@ def config_differences(recorded: dict, current: dict, limit: int = 5) -> list[st
 
 def write_predictions(run_dir: Path, predictions: dict[str, dict[str, list[torch.Tensor]]]) -> Path:
     """``run_dir/predictions.json``: ``{split: {"pred": [...], "label": [...]}}`` per test example, in the data's
-    order, for paired tests between runs on the same examples (``lra.report``'s McNemar column)."""
+    order, for paired tests between runs on the same examples (``lra.analysis.report``'s McNemar column)."""
     path = Path(run_dir) / "predictions.json"
     record = {split: {key: torch.cat(values).tolist() if values else [] for key, values in columns.items()}
               for split, columns in predictions.items()}

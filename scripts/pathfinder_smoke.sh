@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pathfinder32 end to end: generate COUNT images (DIFFICULTY, default contour length 6 = curv_baseline, the
-# easiest), print how far the marker-distance shortcut alone gets (python -m lra.tasks.pathfinder cue), train the
+# easiest), print how far the marker-distance shortcut alone gets (python -m lra.analysis.pathfinder_cue), train the
 # 2-layer ATTENTION encoder through python -m lra.train for at most MAX_STEPS steps or MAX_TIME, print its accuracy.
 # Departures from DESIGN §3, for a small budget: no dropout, batch BATCH=32, lr 1e-3 (DESIGN's 1e-4 is tuned for 62400
 # steps at batch 256), gradient clipping 1.0, bf16 autocast. Measured on 2 CPU cores: generation ~100 images/s,
@@ -28,7 +28,7 @@ if ! compgen -G "$DATA/metadata/*.npy" > /dev/null; then
   "$PYTHON" -m lra.tasks.pathfinder generate --out "$DATA" --resolution 32 --difficulty "$DIFFICULTY" \
     --count "$COUNT" --seed 1 --workers "$WORKERS"
 fi
-"$PYTHON" -m lra.tasks.pathfinder cue "$DATA"
+"$PYTHON" -m lra.analysis.pathfinder_cue "$DATA"
 start=$(date +%s)
 "$PYTHON" -m lra.train task=pathfinder "attention=$ATTENTION" "trainer=$TRAINER" "trainer.precision=$PRECISION" \
   "task.data_dir=$DATA" "paths.cache_dir=$OUT/cache" model.dropout=0 $ATTENTION_ARGS \

@@ -165,11 +165,11 @@ def test_a_shape_no_tile_serves_is_a_config_error():
         launch.launch_config("_u_fwd", 4096, 128, 128, torch.float32, 75)
 
 
-# ---- python -m lra.gpu_check: the parts that run without a GPU ------------------------------------
+# ---- python -m lra.bench.gpu_check: the parts that run without a GPU ------------------------------------
 
 
 def test_gpu_check_plan_covers_every_variant_and_step(tmp_path):
-    from lra import gpu_check
+    from lra.bench import gpu_check
 
     args = gpu_check.parse_args(["--out", str(tmp_path), "--n", "1024", "16384", "--steps", "300"])
     steps = gpu_check.plan(args)
@@ -186,7 +186,7 @@ def test_gpu_check_plan_covers_every_variant_and_step(tmp_path):
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--n", "8"], ["--only", "nope"]])
 def test_gpu_check_rejects_bad_arguments(argv, capsys):
     """A usage error (exit 2) that names the option."""
-    from lra import gpu_check
+    from lra.bench import gpu_check
 
     with pytest.raises(SystemExit) as exit_info:
         gpu_check.parse_args(argv)
@@ -195,7 +195,7 @@ def test_gpu_check_rejects_bad_arguments(argv, capsys):
 
 
 def test_gpu_check_report_lists_each_step(tmp_path):
-    from lra import gpu_check
+    from lra.bench import gpu_check
 
     steps = [gpu_check.Step("kernels", "FlashCUR vs CUR", None, "ok", 3.2, ["| a |"]),
              gpu_check.Step("train", "300 steps of softmax", ["python", "-m", "lra.train"], "failed (exit 1)", 9.0, ["boom"])]
@@ -209,10 +209,10 @@ def test_gpu_check_report_lists_each_step(tmp_path):
 def test_gpu_check_without_cuda_fails_in_one_line(tmp_path):
     from tests.conftest import run_cli
 
-    proc = run_cli(["-m", "lra.gpu_check", "--out", str(tmp_path)])
+    proc = run_cli(["-m", "lra.bench.gpu_check", "--out", str(tmp_path)])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "lra.gpu_check needs a CUDA GPU (torch.cuda.is_available() is False); use --dry-run to see the plan"
+        "lra.bench.gpu_check needs a CUDA GPU (torch.cuda.is_available() is False); use --dry-run to see the plan"
     ]
-    dry = run_cli(["-m", "lra.gpu_check", "--dry-run", "--only", "train", "--variants", "softmax"])
+    dry = run_cli(["-m", "lra.bench.gpu_check", "--dry-run", "--only", "train", "--variants", "softmax"])
     assert dry.returncode == 0 and "attention=softmax" in dry.stdout and "trainer=gpu" in dry.stdout

@@ -1,4 +1,4 @@
-"""`lra.diagnostics`: root_attention against a dense softmax reference; cue_agreement counted by hand."""
+"""`lra.analysis.diagnostics`: root_attention against a dense softmax reference; cue_agreement counted by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lra.diagnostics import root_attention as probe
+from lra.analysis.diagnostics import root_attention as probe
 from lra.module import build_model
 from lra.tasks.listops import read_tsv
 from tests.conftest import compose_config
@@ -64,7 +64,7 @@ def test_uniform_attention_reads_one(batch):
 
 def test_cue_agreement_counts_by_hand():
     """``compare`` and ``labels_per_operator`` on labels whose answers are worked out by hand."""
-    from lra.diagnostics.cue_agreement import compare, labels_per_operator
+    from lra.analysis.diagnostics.cue_agreement import compare, labels_per_operator
 
     targets = torch.tensor([0, 9, 4, 7, 3, 0])
     cue = torch.tensor([0, 9, 4, 7, 4, 9])  # wrong on examples 4 and 5

@@ -1,4 +1,4 @@
-"""``python -m lra.gpu_check``'s FlashL1 check (``lra/gpu_check_l1.py``): the parts that run without a GPU.
+"""``python -m lra.bench.gpu_check``'s FlashL1 check (``lra/bench/gpu_check_l1.py``): the parts that run without a GPU.
 
 The rest of gpu_check (plan, arguments, report, the one-line failure without CUDA) is tested in
 ``tests/test_aot_compile.py``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lra import gpu_check, gpu_check_l1
+from lra.bench import gpu_check, gpu_check_l1
 from tests.conftest import run_cli
 from tests.test_flashl1 import dense_l1
 
@@ -23,7 +23,7 @@ def test_kernels_step_covers_flashl1_shapes():
     assert all(f"({n}, {d})" in step.title for n, d, *_ in shapes)
     assert {n % 2 for n, *_ in shapes} == {0, 1} and {d for _, d, *_ in shapes} >= {16, 32, 64, 128}
     assert any(0 < min(lengths) < n for n, _, lengths, _ in shapes) and any(0 in lengths for _, _, lengths, _ in shapes)
-    dry = run_cli(["-m", "lra.gpu_check", "--dry-run", "--only", "kernels"])
+    dry = run_cli(["-m", "lra.bench.gpu_check", "--dry-run", "--only", "kernels"])
     assert dry.returncode == 0 and "FlashL1 vs PyTorch L1" in dry.stdout, dry.stdout + dry.stderr
 
 

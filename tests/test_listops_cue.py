@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli
 
 from lra.tasks import listops
-from lra.tasks.listops_cue import accuracy, balanced_accuracy, first_operator, fit, read_examples
+from lra.analysis.listops_cue import accuracy, balanced_accuracy, first_operator, fit, read_examples
 
 
 def test_first_operator_is_the_root():
@@ -40,12 +40,12 @@ def test_cli_matches_an_independent_count(tmp_path):
     majority = {op: max(sorted(counts), key=counts.__getitem__) for op, counts in by_root.items()}
     correct = sum(majority[root.search(source).group(1)] == label for source, label in test)
 
-    result = run_cli(["-m", "lra.tasks.listops", "cue", str(tmp_path)])
+    result = run_cli(["-m", "lra.analysis.listops_cue", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"test: {100 * correct / len(test):.2f} % of {len(test)}" in result.stdout
 
 
 def test_cli_names_missing_data(tmp_path):
-    result = run_cli(["-m", "lra.tasks.listops", "cue", str(tmp_path)])
+    result = run_cli(["-m", "lra.analysis.listops_cue", str(tmp_path)])
     assert result.returncode != 0
     assert "basic_train.tsv not found" in result.stderr and "listops generate" in result.stderr

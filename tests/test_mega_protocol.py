@@ -1,7 +1,7 @@
 """MEGA's own LRA protocol (facebookresearch/mega examples/mega/README.lra.md, fairseq/models/lra/model.py):
 the block's norm type and placement, dropouts and EMA options against references written here, the
 configs that compose it (model=mega_lra, experiment=mega_lra | mega_transfer | cur_table1), MegaCUR =
-MEGA when every token is selected, and lra.comparability against lra/published.yaml."""
+MEGA when every token is selected, and lra.analysis.comparability against lra/analysis/published.yaml."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lra import REPO_ROOT
-from lra.comparability import comparability
+from lra.analysis.comparability import comparability
 from lra.module import build_model
 from models.ema import BidirectionalEMA
 from models.mega import MaskedBatchNorm, MegaBlock, ScaleNorm, sequence_norm
@@ -128,7 +128,7 @@ def test_megacur_equals_mega_in_every_protocol_block(norm, prenorm, function):
 
 
 def resolved(overrides: list[str], config_name: str = "train") -> dict:
-    """A run's config as results.json stores it (unresolved container), for lra.comparability."""
+    """A run's config as results.json stores it (unresolved container), for lra.analysis.comparability."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name=config_name, overrides=overrides)
     return {key: value for key, value in OmegaConf.to_container(cfg, resolve=False).items() if key != "hydra"}

@@ -7,7 +7,7 @@ import pytest
 from conftest import run_cli
 from PIL import Image
 
-from lra.tasks.pathfinder_cue import accuracy, best_band, marker_distances
+from lra.analysis.pathfinder_cue import accuracy, best_band, marker_distances
 
 
 def test_band_search_finds_a_separating_band():
@@ -63,7 +63,7 @@ def test_distances_match_the_marker_pixels(tmp_path):
         centroids = bright[first].mean(0), bright[~first].mean(0)
         assert abs(np.linalg.norm(centroids[0] - centroids[1]) - distance) < 1.0
 
-    cli = run_cli(["-m", "lra.tasks.pathfinder", "cue", str(out)])
+    cli = run_cli(["-m", "lra.analysis.pathfinder_cue", str(out)])
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert "marker-distance cue" in cli.stdout and "odd-numbered" in cli.stdout
 

@@ -1,4 +1,4 @@
-"""lra.report on hand-written run records: grouping, mean ± std, published matching, failures, formats, plot."""
+"""lra.analysis.report on hand-written run records: grouping, mean ± std, published matching, failures, formats, plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lra import report
+from lra.analysis import report
 
 
 def write_run(root: Path, name: str, task: str, attention: str, seed: int, acc: float | None, *,
@@ -137,7 +137,7 @@ def test_steps_wall_time_and_learning_curves(tmp_path):
 
 
 def test_curve_legend_names_the_settings_that_split_the_table(tmp_path):
-    from lra.report_plot import curve_label
+    from lra.analysis.report_plot import curve_label
 
     for name, pooling in (("a", "mean"), ("b", "padded_mean")):
         write_run(tmp_path, name, "listops", "curformer", 0, 0.34, overrides=[f"model/pooling={pooling}"])

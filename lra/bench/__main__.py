@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
                               "(default); pass --variant-overrides with no value for none")
         sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
         sub.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (GPU users)")
-        sub.add_argument("--out", default=None, help="output folder (default: bench_results/<timestamp>/)")
+        sub.add_argument("--out", default=None, help="output folder (default: outputs/bench/<timestamp>/)")
         sub.add_argument("--threads", type=int, default=None,
                          help="torch.set_num_threads (default: torch's); 1 avoids thread-pool stalls on a shared CPU")
         module.add_arguments(sub)

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
 from attention import build_attention
-from lra.bench.common import BASELINE, Variant, compose_config
+from lra.bench.common import BASELINE, Variant
+from lra.config import compose_config
 from lra.module import build_model
 
 MATERIALISED = "softmax_materialised"

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch.utils.flop_counter import (
     FlopCounterMode,
@@ -26,9 +25,8 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-from lra import REPO_ROOT
+from lra.config import CONFIG_DIR
 
-CONFIG_DIR = REPO_ROOT / "configs"
 ATTENTION_DIR = CONFIG_DIR / "attention"
 BASELINE = "softmax"  # configs/attention/softmax.yaml: the SDPA Transformer every ratio is taken against
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -79,12 +77,6 @@ def select_variants(requested: list[str] | None, override_specs: list[str]) -> l
         if name in names:
             variants.append(Variant(name, tuple(items.split(","))))
     return variants
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """``configs/train.yaml`` composed with ``overrides`` (the config ``python -m lra.train`` would run)."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -232,8 +224,8 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, Callable[[objec
 
 
 def default_out_dir() -> Path:
-    """``bench_results/<timestamp with microseconds>/`` in the checkout (git-ignored)."""
-    return REPO_ROOT / "bench_results" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
+    """``outputs/bench/<timestamp with microseconds>/`` in the checkout (git-ignored)."""
+    return REPO_ROOT / "outputs" / "bench" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
 
 
 def times(value: float) -> str:

@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from lra.bench import common
+from lra.config import compose_config
 from lra.module import build_model
 
 
@@ -73,7 +74,7 @@ def measure(spec: dict) -> dict:
     common.set_threads(spec["threads"])
     rss_start = proc_status("VmRSS")
     reset_peak_rss()
-    cfg = common.compose_config(spec["overrides"])
+    cfg = compose_config(spec["overrides"])
     model = build_model(cfg).to(device).train()
     optimizer = instantiate(cfg.optimizer)(params=model.parameters())
     shape = (spec["batch"], *documents_shape(model), spec["n"])

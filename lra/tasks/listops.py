@@ -15,7 +15,7 @@ Full-size generation also writes ``basic_independent_test.tsv`` (20,000 examples
 ``--independent-test 0`` to skip): drawn after the three official splits from the same seeded
 stream, so it is disjoint from all of them and leaves them unchanged. Training tests the best
 checkpoint on it after the test split when the file is present (``independent_test_acc``).
-    python -m lra.tasks.listops cue data/listops   # accuracy of the first-operator shortcut (lra.tasks.listops_cue)
+    python -m lra.analysis.listops_cue data/listops   # accuracy of the first-operator shortcut
 """
 
 from __future__ import annotations
@@ -204,13 +204,10 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--max-length", type=int, default=2000)
     gen.add_argument("--max-depth", type=int, default=10)
     gen.add_argument("--max-args", type=int, default=10)
-    commands.add_parser("cue", help="accuracy of the first-operator shortcut (cue --help)", add_help=False)
+    commands.add_parser("cue", help="moved: python -m lra.analysis.listops_cue DIR", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "cue":
-        from lra.tasks import listops_cue
-
-        listops_cue.main(rest)
-        return
+        parser.exit(2, "the cue probe moved: run 'python -m lra.analysis.listops_cue DIR'\n")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     sizes = {"train": args.train, "val": args.val, "test": args.test}

@@ -14,7 +14,7 @@ Split: a permutation seeded by ``seed`` over the listed non-empty images, 80% tr
 128 px (16384 tokens) for Path-X.
 
     python -m lra.tasks.pathfinder generate --out DIR --resolution 32 --difficulty 14 --count N --seed S --workers W
-    python -m lra.tasks.pathfinder cue DIR      # accuracy of the marker-distance shortcut (lra.tasks.pathfinder_cue)
+    python -m lra.analysis.pathfinder_cue DIR      # accuracy of the marker-distance shortcut
 """
 
 from __future__ import annotations
@@ -183,17 +183,19 @@ class PathfinderDataModule(CachedDataModule):
         return TokenizedSplit.from_sequences(pixels, [self.listing.labels[i] for i in chosen], self.max_length)
 
 
-COMMANDS = {"generate": "lra.tasks.pathfinder_generator", "cue": "lra.tasks.pathfinder_cue"}
+COMMANDS = {"generate": "lra.tasks.pathfinder_generator"}
+MOVED = {"cue": "python -m lra.analysis.pathfinder_cue DIR"}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lra.tasks.pathfinder", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "command", choices=sorted(COMMANDS),
-        help="generate: write images in the release layout; cue: accuracy of the marker-distance shortcut",
+        "command", choices=sorted({*COMMANDS, *MOVED}), help="generate: write images in the release layout",
     )
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the command (generate --help, cue --help)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the command (generate --help)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command in MOVED:
+        parser.exit(2, f"'{args.command}' moved: run '{MOVED[args.command]}'\n")
     importlib.import_module(COMMANDS[args.command]).main(args.args)
 
 

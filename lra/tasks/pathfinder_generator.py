@@ -7,7 +7,7 @@ Label 1 (connected): markers at both ends of target snake A. Label 0: markers at
 the seed of target snake B, which starts ``seed_distance`` from A's seed (the original's construction:
 origin tip of one snake, terminal tip of the same or the other). The marker distance has about the same
 mean under both labels but a wider spread for label 0, so it is a partial cue: a distance band alone scores
-72% at contour length 6 and 56% at 14 (``python -m lra.tasks.pathfinder cue DIR``). All four target ends
+72% at contour length 6 and 56% at 14 (``python -m lra.analysis.pathfinder_cue DIR``). All four target ends
 keep marker clearance whatever the label, so free space is no cue. Snakes never touch
 (``paddle_margin`` of free space, edge to edge), so no image is ambiguous by construction.
 

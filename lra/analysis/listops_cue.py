@@ -8,7 +8,7 @@ with the four operators equally frequent, and its score on one 2,000-example spl
 few points with that split's operator mix. Compare trained models with this rule on the same split,
 not only with the majority class (~17 %):
 
-    python -m lra.tasks.listops cue data/listops_full
+    python -m lra.analysis.listops_cue data/listops_full
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def balanced_accuracy(cue: OperatorCue, examples: list[tuple[str, int]]) -> floa
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    """``cue`` command line (``python -m lra.tasks.listops cue`` delegates its argv here)."""
-    parser = argparse.ArgumentParser(prog="python -m lra.tasks.listops cue", description=__doc__.split("\n\n")[0])
+    """Command line: ``python -m lra.analysis.listops_cue DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m lra.analysis.listops_cue", description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path, help="a folder with basic_{train,val,test}.tsv")
     args = parser.parse_args(argv)
     splits = {split: read_examples(args.data_dir / f"basic_{split}.tsv") for split in SPLITS}

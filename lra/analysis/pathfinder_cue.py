@@ -6,7 +6,7 @@ snake, those of a negative image the end of one target snake and the seed of the
 "label 1 iff the distance lies in a band" beats chance without looking at any path. This is the accuracy a
 model can reach through that shortcut; compare trained models with it, not only with 50%.
 
-    python -m lra.tasks.pathfinder cue data/lra_release/pathfinder32/curv_baseline
+    python -m lra.analysis.pathfinder_cue data/lra_release/pathfinder32/curv_baseline
 
 Reads the marker centres our generator appends to each metadata line (fields 12-15); the LRA release
 does not have them.
@@ -84,8 +84,8 @@ def accuracy(cue: BandCue, distances: np.ndarray, labels: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> BandCue:
-    """``cue`` command line (``python -m lra.tasks.pathfinder cue`` delegates its argv here)."""
-    parser = argparse.ArgumentParser(prog="python -m lra.tasks.pathfinder cue", description=__doc__.split("\n\n")[0])
+    """Command line: ``python -m lra.analysis.pathfinder_cue DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m lra.analysis.pathfinder_cue", description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path, help="a generated difficulty folder (holds imgs/, metadata/)")
     args = parser.parse_args(argv)
     distances, labels = marker_distances(args.data_dir)

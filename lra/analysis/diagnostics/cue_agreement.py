@@ -1,9 +1,9 @@
 """Does a trained ListOps model predict more than the first-operator cue? Compare their test predictions.
 
-    python -m lra.diagnostics.cue_agreement --data data/listops_full --ckpt RUN/checkpoints/best-3500.ckpt
+    python -m lra.analysis.diagnostics.cue_agreement --data data/listops_full --ckpt RUN/checkpoints/best-3500.ckpt
         [--split test] [--batch 32] [--overrides attention=curformer ...]
 
-The cue (:mod:`lra.tasks.listops_cue`) predicts the most frequent training label of each root operator.
+The cue (:mod:`lra.analysis.listops_cue`) predicts the most frequent training label of each root operator.
 For the model (``--ckpt``'s weights in the model ``--overrides`` configure) the script prints its
 accuracy on ``basic_<split>.tsv``, the cue's, how often the two predict the same label, and the
 model's accuracy on the examples the cue gets wrong, and per root operator the model's most frequent
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from lra.bench.common import compose_config
+from lra.config import compose_config
 from lra.checkpoints import load_transferred_weights
-from lra.diagnostics.root_attention import padded_batch
+from lra.analysis.diagnostics.root_attention import padded_batch
 from lra.module import build_model
 from lra.tasks.listops import tokenize
-from lra.tasks.listops_cue import OPERATORS, first_operator, fit, read_examples
+from lra.analysis.listops_cue import OPERATORS, first_operator, fit, read_examples
 
 
 @torch.no_grad()

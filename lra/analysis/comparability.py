@@ -1,4 +1,4 @@
-"""Is a run comparable with a published number? (``lra/published.yaml``; used by ``lra.report``.)
+"""Is a run comparable with a published number? (``lra/analysis/published.yaml``; used by ``lra.analysis.report``.)
 
 A published row may carry ``setting``: the settings of the number's source that our config can
 express, as ``{all: {key: value}, <task>: {key: value}}`` (``all`` for every task, the task's map
@@ -57,7 +57,7 @@ def required(entry: dict, task: str) -> dict:
     unknown = set(setting) - set(SECTIONS)
     if unknown:
         raise ValueError(f"published row {entry.get('attention')!r}: setting has unknown sections {sorted(unknown)}; "
-                         f"use {SECTIONS} (lra/published.yaml)")
+                         f"use {SECTIONS} (lra/analysis/published.yaml)")
     own = setting.get(task) or {}
     return {**own, **{key: value for key, value in (setting.get("all") or {}).items() if key not in own}}
 

@@ -1,6 +1,6 @@
 """Why ListOps stayed at chance: activation and update scales at initialisation, old vs reference recipe.
 
-    python -m lra.diagnostics.recipe_scales --data data/listops_1k [--batch 8] [--overrides attention=curformer]
+    python -m lra.analysis.diagnostics.recipe_scales --data data/listops_1k [--batch 8] [--overrides attention=curformer]
 
 For each embedding initialisation (PyTorch's N(0, 1) vs the reference N(0, 0.02²)) it builds the
 configured model, runs one batch of real ListOps through it and prints, per layer, the RMS of the
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from lra.bench.common import compose_config
-from lra.diagnostics.root_attention import padded_batch
+from lra.config import compose_config
+from lra.analysis.diagnostics.root_attention import padded_batch
 from lra.module import build_model
 from lra.tasks.listops import read_tsv
 

@@ -1,4 +1,4 @@
-"""FlashL1 half of ``python -m lra.gpu_check``'s ``kernels`` step (CUDA only).
+"""FlashL1 half of ``python -m lra.bench.gpu_check``'s ``kernels`` step (CUDA only).
 
 FlashL1 (:func:`kernels.flashl1.flash_l1_attention`, what :class:`attention.l1.L1Attention` runs on CUDA
 without attention dropout) against the PyTorch path of the same attention that CUDA takes with dropout

@@ -29,7 +29,7 @@ def save(fig, out: Path) -> Path:
 
 
 def plot_accuracy_vs_throughput(summary: list[dict], settings: list[str], out: Path) -> Path:
-    """Draw the rows of ``summary`` (``lra.report.summarize``) that have accuracy and throughput into ``out``."""
+    """Draw the rows of ``summary`` (``lra.analysis.report.summarize``) that have accuracy and throughput into ``out``."""
     points = [s for s in summary if s["test_acc_mean"] is not None and s["samples_per_s"] is not None]
     if not points:
         raise ValueError("nothing to plot: no row has a completed run with test_acc and samples_per_s")
@@ -59,7 +59,7 @@ def curve_label(run: dict, settings: dict[str, str]) -> str:
 def plot_learning_curves(runs: list[dict], out: Path, settings: list[dict[str, str]] | None = None) -> Path:
     """Validation accuracy (%) vs optimizer step, one line per run with a ``val_curve``; one panel per task.
 
-    ``settings[i]``: the override values that tell run ``i`` apart in the report's table (``lra.report.group_runs``),
+    ``settings[i]``: the override values that tell run ``i`` apart in the report's table (``lra.analysis.report.group_runs``),
     shown in its legend entry.
     """
     settings = settings or [{} for _ in runs]

@@ -1,6 +1,6 @@
 """How much attention every ListOps token pays to the root operator (key 0), per layer and attention variant.
 
-    python -m lra.diagnostics.root_attention --data data/listops_full [--ckpt RUN/checkpoints/best-2750.ckpt]
+    python -m lra.analysis.diagnostics.root_attention --data data/listops_full [--ckpt RUN/checkpoints/best-2750.ckpt]
         [--batch 8] [--variants attention=softmax "attention=curformer attention.force_cls=true" ...]
 
 ListOps' label is mostly decided by its first token, the root operator (``python -m lra.tasks.listops
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from lra.bench.common import compose_config
+from lra.config import compose_config
 from lra.checkpoints import load_transferred_weights
 from lra.module import build_model
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
