@@ -1,4 +1,4 @@
-"""CUR attention (CURformer; François et al., Machine Learning 2025, §4–5, Alg. 1; DESIGN §2).
+"""CUR attention (CURformer; François et al., Machine Learning 2025, §4–5, Alg. 1; docs/design.md §2 "CURformer").
 
 Per sequence and head, with ``m`` selected query rows ``I`` and key rows ``J``
 (:func:`attention.selection.select_indices`) and a score function ``s``

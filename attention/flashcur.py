@@ -1,4 +1,4 @@
-"""FlashCUR attention (FlashCURformer; François et al., Machine Learning 2025, §5.2, Alg. 2; DESIGN §2).
+"""FlashCUR attention (FlashCURformer; François et al., Machine Learning 2025, §5.2, Alg. 2; docs/design.md §2 "FlashCUR").
 
 The CUR approximation of :mod:`attention.cur` (softmax score), computed by the fused Triton kernels
 of :mod:`kernels.flashcur` (forward) and :mod:`kernels.flashcur_bwd` (backward)::

@@ -1,4 +1,4 @@
-"""L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1; DESIGN §2).
+"""L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1; docs/design.md §2 "L1 attention").
 
 ``Y = softmax(−λ ‖q_i − k_j‖₁ / √d + pad mask) V`` per head, ``q, k, v`` ``(B, H, n, d)``: keys close to
 the query in L1 distance get the largest weights. λ = 1 by default (the paper's "robust" setting is 3).

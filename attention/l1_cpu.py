@@ -1,4 +1,4 @@
-"""CPU kernels of exact L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1; DESIGN §2).
+"""CPU kernels of exact L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1; docs/design.md §2 "L1 attention").
 
 Per head, with ``c = −λ/√d`` and a pad mask on the keys::
 

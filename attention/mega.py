@@ -1,4 +1,4 @@
-"""MEGA's single-head attention core, exact or CUR-approximated (Ma et al. 2022; CUR paper §6; DESIGN §2).
+"""MEGA's single-head attention core, exact or CUR-approximated (Ma et al. 2022; CUR paper §6; docs/design.md §2 "MEGA and MegaCUR").
 
 The MEGA block (``models/mega.py``) computes ``Q, K`` (``z_dim``) and ``V`` (``hidden_dim``) and calls
 this core as ``attn(q, k, v, key_mask) -> out`` over ``(B, 1, n, ·)`` tensors (one head; one chunk of

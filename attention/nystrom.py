@@ -1,4 +1,4 @@
-"""Nyström attention (Nyströmformer, Xiong et al. 2021, eq. 14–16; DESIGN §2).
+"""Nyström attention (Nyströmformer, Xiong et al. 2021, eq. 14–16; docs/design.md §2 "Nystromformer").
 
 With ``m`` landmarks ``Q̃, K̃`` (segment means of Q and K over real tokens)::
 

@@ -1,4 +1,4 @@
-"""Iterative Moore–Penrose pseudo-inverse (Nyströmformer, Xiong et al. 2021, eq. 16; DESIGN §2).
+"""Iterative Moore–Penrose pseudo-inverse (Nyströmformer, Xiong et al. 2021, eq. 16; docs/design.md §2 "Pseudo-inverse").
 
 ``Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞)`` (max absolute column sum × max absolute row sum),
 then ``Z ← ¼ Z (13I − AZ (15I − AZ (7I − AZ)))`` ``n_iter`` times. The iteration is a polynomial in

@@ -1,4 +1,4 @@
-"""Score functions: the "attention function" half of DESIGN §1's score × approximation.
+"""Score functions: the "attention function" half of score × approximation (docs/design.md §1 "Score functions and approximations").
 
 A score function maps queries and keys to row-normalised attention weights::
 

@@ -1,4 +1,4 @@
-"""Row/column selection for CUR attention (François et al. 2025, §7.1; DESIGN §2).
+"""Row/column selection for CUR attention (François et al. 2025, §7.1; docs/design.md §2 "Selection rules").
 
 :func:`select_indices` returns ``(index_q, index_k)``, each long ``(B, H, m')`` with
 ``m' = min(m, n)``, sorted ascending, distinct within a (sequence, head): the query rows ``I`` and

@@ -2,7 +2,7 @@
 # Pathfinder32 end to end: generate COUNT images (DIFFICULTY, default contour length 6 = curv_baseline, the
 # easiest), print how far the marker-distance shortcut alone gets (python -m lra.analysis.pathfinder_cue), train the
 # 2-layer ATTENTION encoder through python -m lra.train for at most MAX_STEPS steps or MAX_TIME, print its accuracy.
-# Departures from DESIGN §3, for a small budget: no dropout, batch BATCH=32, lr 1e-3 (DESIGN's 1e-4 is tuned for 62400
+# Departures from the recipe of docs/design.md §3, for a small budget: no dropout, batch BATCH=32, lr 1e-3 (the recipe's 1e-4 is tuned for 62400
 # steps at batch 256), gradient clipping 1.0, bf16 autocast. Measured on 2 CPU cores: generation ~100 images/s,
 # training ~0.75 s/step, and 4,520 steps stayed at chance (docs/pathfinder.md): train on a GPU.
 #   OUT=/tmp/pf TRAINER=gpu WORKERS=16 COUNT=200000 BATCH=256 MAX_STEPS=20000 MAX_TIME=00:03:00:00 scripts/pathfinder_smoke.sh

@@ -8,7 +8,7 @@ silently used. Processes that build the same cache at once (a parallel sweep on 
 take turns through a file lock, and each writes through its own temporary file that replaces the
 cache atomically, so a reader sees a whole cache or none.
 
-Training order is resumable (DESIGN: same seed -> same result, interrupted or not): the train
+Training order is resumable (docs/design.md §4 "Caching": same seed -> same result, interrupted or not): the train
 loader's order is a permutation derived from ``(seed, epoch)`` only (:class:`EpochSampler`,
 seed = the run's ``seed``) and :class:`ResumableLoader` tells Lightning how far into the epoch it
 is, which Lightning stores in the checkpoint and restores on resume, so the resumed epoch goes on

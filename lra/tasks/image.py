@@ -1,7 +1,7 @@
 """LRA Image: CIFAR-10 (Krizhevsky 2009) classified from its 1024 grayscale pixels as a sequence.
 
-Pixels (DESIGN §4): ``uint8(round(0.2989 R + 0.5870 G + 0.1140 B))`` over 0-255 values, row-major
-to 1024 tokens, ``id = pixel value`` (vocab 256). **Decision** (DESIGN §3): pixel 0 is a real
+Pixels (docs/design.md §4 "Image"): ``uint8(round(0.2989 R + 0.5870 G + 0.1140 B))`` over 0-255 values, row-major
+to 1024 tokens, ``id = pixel value`` (vocab 256). **Decision** (docs/design.md §4): pixel 0 is a real
 token, so every image has length 1024 and the mask comes from lengths, never from ``ids != 0``.
 **Decision:** the formula is computed exactly in integers, halves rounded up.
 

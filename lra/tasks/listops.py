@@ -1,6 +1,6 @@
 """ListOps (Nangia & Bowman 2018; LRA release ``listops-1000``): generator, reader, DataModule.
 
-Generator: the official ``listops.py`` procedure (DESIGN §4). Operators ``[MIN [MAX [MED [SM``
+Generator: the official ``listops.py`` procedure (docs/design.md §4 "ListOps"). Operators ``[MIN [MAX [MED [SM``
 over digits 0-9, max depth 10, at most 10 arguments; below max depth a node is a leaf with
 probability 0.75, otherwise an operator with ``randint(2, max_args)`` children. Length counts
 values plus 2 per operator; trees are kept when ``min_length < length < max_length`` and unique.

@@ -8,7 +8,7 @@ Layout (the official release, and what ``lra.tasks.pathfinder_generator`` writes
                                     (a real binary .npy string array with the same columns is accepted too)
 
 Label 1 = connected. Tokens are the pixel values 0-255 in row-major order (``resolution²``
-tokens; pixel 0 is a real token, DESIGN §3). Empty (zero-byte) images are skipped and counted.
+tokens; pixel 0 is a real token, docs/design.md §4). Empty (zero-byte) images are skipped and counted.
 Split: a permutation seeded by ``seed`` over the listed non-empty images, 80% train / 10% val /
 10% test (LRA publishes no split). LRA uses ``curv_contour_length_14``: 32 px for Pathfinder,
 128 px (16384 tokens) for Path-X.

@@ -6,7 +6,7 @@ pixel ``(row, col)`` covers ``[col, col+1) x [row, row+1)``. A *paddle* is a lin
 ``paddle_gap`` after the end of paddle ``k``. Each new paddle direction ``theta_k + dtheta`` is drawn
 from ``num_directions`` candidates (a jittered grid over the circle) with weight
 
-    w(dtheta) = cos(min(|dtheta| * continuity, pi/2))**2 * free(dtheta)        (DESIGN §4)
+    w(dtheta) = cos(min(|dtheta| * continuity, pi/2))**2 * free(dtheta)        (docs/design.md §4)
 
 where ``free`` is 1 when the candidate stays inside the image and keeps ``paddle_margin`` of empty space
 (edge to edge) to every other snake, to its own earlier paddles and to every reserved marker disc, else 0.

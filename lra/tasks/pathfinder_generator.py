@@ -11,11 +11,11 @@ mean under both labels but a wider spread for label 0, so it is a partial cue: a
 keep marker clearance whatever the label, so free space is no cue. Snakes never touch
 (``paddle_margin`` of free space, edge to edge), so no image is ambiguous by construction.
 
-Per-resolution parameters (DESIGN §4 gives 32 px: paddle length 2, thickness 0.5, marker radius 1.5,
+Per-resolution parameters (docs/design.md §4 gives 32 px: paddle length 2, thickness 0.5, marker radius 1.5,
 seed distance 7, continuity 1.0, anti-aliasing x2). **Decision:** 64/128/256 px scale every length
 (paddle length, thickness, gap, margin, marker radius, seed distance) by ``resolution / 32`` and keep
 contour lengths, continuity and anti-aliasing: Path-X (128 px) is the 32 px geometry x4, the same scene
-at 16x the sequence length. Paddle gap 0.5 and margin 2.0 (32 px) are our choice (not in DESIGN): with a
+at 16x the sequence length. Paddle gap 0.5 and margin 2.0 (32 px) are our choice (a decision in docs/design.md §4): with a
 2 px margin no two snakes touch after anti-aliasing (a 1 px margin packs them tighter, but then about a third
 of the negatives look connected in the pixels).
 
@@ -67,7 +67,7 @@ class PathfinderParams:
 
 
 def parameters(resolution: int, difficulty: int) -> PathfinderParams:
-    """The 32 px geometry of DESIGN §4 scaled by ``resolution / 32``; ``difficulty`` = contour length."""
+    """The 32 px geometry of docs/design.md §4 scaled by ``resolution / 32``; ``difficulty`` = contour length."""
     if resolution not in RESOLUTIONS:
         raise ValueError(f"--resolution must be one of {RESOLUTIONS} (the release sizes), got {resolution}")
     if difficulty not in DIFFICULTY_DIRS:

@@ -1,7 +1,7 @@
 """LRA Text: IMDB movie reviews (Maas et al. 2011) classified at byte level, positive = 1.
 
 Tokens are the review's UTF-8 bytes, ``id = byte + 1`` (0 = pad), truncated to ``max_length``
-(DESIGN §3: 4000; LRA's own code used 1000). 25k train / 25k test reviews.
+(docs/design.md §3 "Per-task settings": 4000; LRA's own code used 1000). 25k train / 25k test reviews.
 
 Sources (``source``): ``folder`` reads the standard ``aclImdb/{train,test}/{pos,neg}/*.txt``;
 ``tfds`` reads TFDS ``imdb_reviews`` prepared as array_record (see ``lra.tasks.tfds_source``);
