@@ -37,7 +37,7 @@ def make_inputs(batch, heads, n, d, pad_last: int, seed=0, dtype=torch.float32):
 
 
 def dense_cur(q, k, v, key_mask, index, pinv_iters, overwrite_rows=True):
-    """DESIGN §2 written out densely per (batch, head) in float64 (I = J, all selected tokens real)."""
+    """docs/design.md §2 "FlashCUR" written out densely per (batch, head) in float64 (I = J, all selected tokens real)."""
     out = torch.empty(q.shape, dtype=torch.float64)
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):

@@ -76,7 +76,7 @@ def test_exact_attention_matches_reference(function):
 
 @pytest.mark.parametrize("function", ["softmax", "laplace"])
 def test_megacur_equals_mega_when_every_real_token_is_selected(function):
-    """m >= n_real: CUR selects all real tokens, U = A[real, real], so C U⁺ R V = A V (DESIGN §2)."""
+    """m >= n_real: CUR selects all real tokens, U = A[real, real], so C U⁺ R V = A V (docs/design.md §2, "MEGA and MegaCUR")."""
     exact = make_attention(function, Exact())
     with torch.no_grad():
         exact.score.bias.normal_(std=0.5)

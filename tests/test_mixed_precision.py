@@ -3,7 +3,7 @@
 The real config, module, datamodule and Lightning trainer, in-process (no subprocess start-up per
 variant): a few optimiser steps on tiny generated ListOps, then the checks
 
-* every logged training loss is finite (the float32 islands of DESIGN §1 — pseudo-inverse, CUR,
+* every logged training loss is finite (the float32 islands of docs/design.md §1 — pseudo-inverse, CUR,
   Nyström, L1 distance — keep bf16 from blowing up),
 * autocast really ran: some ``nn.Linear`` produced bfloat16 (else the test would pass in float32),
 * the parameters are finite after the optimiser steps.

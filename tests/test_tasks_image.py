@@ -16,7 +16,7 @@ PER_BATCH = 4  # images per data_batch_<i> file: 20 train, 4 test
 
 
 def reference_gray(r: int, g: int, b: int) -> int:
-    """DESIGN §4, exactly: round(0.2989 R + 0.5870 G + 0.1140 B), halves up."""
+    """docs/design.md §4 "Image", exactly: round(0.2989 R + 0.5870 G + 0.1140 B), halves up."""
     value = Decimal("0.2989") * r + Decimal("0.5870") * g + Decimal("0.1140") * b
     return int(value.quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
