@@ -1,4 +1,4 @@
-"""Bidirectional multi-dimensional damped EMA of MEGA (Ma et al. 2022, §3.1; DESIGN §2).
+"""Bidirectional multi-dimensional damped EMA of MEGA (Ma et al. 2022, §3.1; docs/design.md §2 "MEGA and MegaCUR").
 
 Per channel ``d`` and EMA dimension ``n`` (``ndim`` of them) the damped EMA is
 ``u_t = p ⊙ β x_t + (1 − p ⊙ σ(δ)) ⊙ u_{t−1}``, projected back by ``η``; unrolled it is the

@@ -1,4 +1,4 @@
-"""The LRA classifier: embeddings -> blocks -> masked mean pooling -> head (DESIGN §3).
+"""The LRA classifier: embeddings -> blocks -> masked mean pooling -> head (docs/design.md §3 "The encoder").
 
 Inputs are ``input_ids`` long ``(B, n)`` and ``key_mask`` bool ``(B, n)``; tasks with several
 documents per example (Retrieval) pass ``(B, k, n)``: each document is encoded by the same

@@ -1,4 +1,4 @@
-"""Classification heads over pooled encoder features (DESIGN §3)."""
+"""Classification heads over pooled encoder features (docs/design.md §3 "The encoder")."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class MLPHead(nn.Module):
 
 
 class PairHead(nn.Module):
-    """Two-document head (LRA Retrieval; DESIGN §3): pooled features ``(B, 2, d_model)`` of one shared encoder,
+    """Two-document head (LRA Retrieval; docs/design.md §3): pooled features ``(B, 2, d_model)`` of one shared encoder,
     ``a, b = features[:, 0], features[:, 1]``, then ``Linear(4·d_model -> hidden) -> ReLU -> Linear(hidden -> classes)``
     over ``[a, b, a·b, a−b]`` ``(B, 4·d_model)`` (the LRA / Nyströmformer dual-encoder classifier)."""
 

@@ -1,5 +1,5 @@
 """The MEGA block (Ma et al. 2022, §3; facebookresearch/mega ``MovingAverageGatedAttention`` and
-``NormalizedFeedForwardNetwork`` in ``fairseq/modules/``; DESIGN §2).
+``NormalizedFeedForwardNetwork`` in ``fairseq/modules/``; docs/design.md §2 "MEGA and MegaCUR").
 
 Moving-average gated attention followed by a SiLU FFN, each a residual sub-layer with a norm
 before it (``prenorm: true``, MEGA's ``--encoder-normalize-before``, its Image/Pathfinder setting)
