@@ -70,6 +70,21 @@ class StopOnNonFiniteLoss(L.Callback):
             )
 
 
+class ValidateLastStep(L.Callback):
+    """Validate at ``trainer.max_steps`` too, whether or not it is a multiple of ``val_check_interval``
+    (``task.eval_every``), so every run ends evaluated and its last step competes for the best checkpoint.
+
+    A run shorter than ``task.eval_every`` (``trainer.max_steps=20`` with ``eval_every: 250``) then
+    validates once, at step 20, and tests that checkpoint. It asks Lightning to stop after the last
+    step (``trainer.should_stop``), which validates the step as an early stop does; a step that was
+    due for validation anyway is validated once.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
 class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt`` after every validation, at the end of training, and on an exception or SIGTERM
     (``interrupted-<step>.ckpt`` beside it); re-running into the run dir resumes from it.

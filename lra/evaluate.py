@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from lra.checkpoints import load_transferred_weights
+from lra.config import CONFIG_DIR
 from lra.module import build_module
 from lra.results import write_results
 from lra.train import build_trainer, finish_wandb, test_accuracies, write_test_predictions
@@ -46,7 +47,7 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
     }
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     print(f"[lra] run dir: {run_dir}", flush=True)

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lra.checkpoints import load_transferred_weights
+from lra.config import CONFIG_DIR
 from lra.hydra_callbacks import unfinished_jobs
 from lra.module import build_module
 from lra.results import config_differences, git_commit, job_overrides, read_results, write_predictions, write_results
@@ -47,12 +48,6 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"trainer.max_steps must be >= 1 (got {cfg.trainer.max_steps}); e.g. trainer.max_steps=100")
     if not is_int(cfg.task.eval_every) or cfg.task.eval_every < 1:
         raise ValueError(f"task.eval_every must be an integer >= 1 (got {cfg.task.eval_every!r}); e.g. task.eval_every=50")
-    if cfg.trainer.max_steps < cfg.task.eval_every:
-        raise ValueError(
-            f"trainer.max_steps ({cfg.trainer.max_steps}) < task.eval_every ({cfg.task.eval_every}): no evaluation would "
-            f"run, so there would be no best checkpoint to test. Set task.eval_every={cfg.trainer.max_steps} (or lower), "
-            f"or raise trainer.max_steps"
-        )
     if not is_int(cfg.task.max_length) or cfg.task.max_length < 1:
         raise ValueError(f"task.max_length must be an integer >= 1 (got {cfg.task.max_length!r}): sequences are "
                          f"truncated to it; e.g. task.max_length=2000 (ListOps in LRA)")
@@ -164,7 +159,7 @@ def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | 
     return record
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

@@ -54,16 +54,14 @@ def sigterm_once_training(proc: subprocess.Popen, metrics_glob: str, root: Path,
     ("seed=abc", "seed must be an integer (got 'abc')"),
     ("seed=1.5", "seed must be an integer (got 1.5)"),
     ("task.max_length=0", "task.max_length must be an integer >= 1 (got 0)"),
-    ("trainer.max_steps=3", "trainer.max_steps (3) < task.eval_every (5): no evaluation would run"),
 ])
 def test_bad_settings_name_the_key_and_the_fix(override, message, tmp_path):
-    steps = [] if override.startswith("trainer.max_steps") else ["trainer.max_steps=10"]
-    cfg = compose_config(["task=listops_small", "task.eval_every=5", *steps, override], tmp_path)
+    cfg = compose_config(["task=listops_small", "task.eval_every=5", "trainer.max_steps=10", override], tmp_path)
     with pytest.raises(ValueError) as error:
         validate(cfg)
     text = str(error.value)
     assert message in text
-    assert "e.g." in text or "Set task.eval_every=3" in text  # the fix
+    assert "e.g." in text  # the fix
 
 
 def test_seed_abc_on_the_command_line_names_the_key(tiny_listops_overrides, tmp_path):

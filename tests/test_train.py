@@ -36,6 +36,23 @@ def test_few_step_run_writes_results(tiny_listops_overrides, tmp_path):
     assert f"run dir: {run_dir}" in proc.stdout
 
 
+def test_run_shorter_than_eval_every_is_evaluated_at_its_last_step(tiny_listops_overrides, tmp_path):
+    """max_steps = 3, eval_every = 5: no periodic evaluation falls in the run, so step 3 is validated, saved as
+    the best checkpoint and tested from it."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=3", "task.eval_every=5",
+                    f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 3
+    assert [step for step, _ in results["val_curve"]] == [3]
+    best = run_dir / "checkpoints" / "best-3.ckpt"
+    assert results["best_checkpoint"] == str(best) and best.exists()
+    assert torch.load(best, map_location="cpu", weights_only=False)["global_step"] == 3
+    assert f"Loaded model weights from the checkpoint at {best}" in proc.stdout + proc.stderr  # trainer.test
+    assert 0.0 <= results["test_acc"] <= 1.0
+
+
 def test_max_steps_zero_is_a_clear_error(tiny_listops_overrides, tmp_path):
     proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=0", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode != 0
@@ -121,7 +138,7 @@ def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "interrupted" and record["steps"] == step
 
-    # eval_every as long as the rest of the run: a run with no evaluation is refused
+    # eval_every as long as the rest of the run: the resumed run is evaluated once, at its last step
     second = run_cli([*args, f"trainer.max_steps={step + 3}", f"task.eval_every={step + 3}"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"(step {step})" in second.stdout
