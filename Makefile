@@ -1,4 +1,4 @@
-# The whole set-up: `make train` and `make test` create .venv and install requirements.txt on first use.
+# The whole set-up: `make train` and `make test` create .venv, install requirements.txt and the project on first use.
 VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -7,10 +7,13 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt
+# The project itself is installed editable (its commands and `python -m lra.*` work from any directory):
+# --no-deps, requirements.txt has pinned everything; --no-build-isolation builds with the setuptools it pins.
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -r requirements.txt
+	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 train: setup
