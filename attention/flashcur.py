@@ -1,7 +1,7 @@
 """FlashCUR attention (FlashCURformer; François et al., Machine Learning 2025, §5.2, Alg. 2; docs/design.md §2 "FlashCUR").
 
 The CUR approximation of :mod:`attention.cur` (softmax score), computed by the fused Triton kernels
-of :mod:`kernels.flashcur` (forward) and :mod:`kernels.flashcur_bwd` (backward)::
+of :mod:`kernels.flashcur` (forward and backward, launched by :mod:`kernels.flashcur.ops`)::
 
     RV = softmax(s·Q_I Kᵀ + pad mask) V     kernel (a), online softmax over key tiles    (m × d)
     U  = softmax(s·Q_I K_Jᵀ)                kernel (b)                                   (m × m)
@@ -34,17 +34,17 @@ from torch.utils.checkpoint import checkpoint
 
 from attention.cur import CURAttention, _rows
 from attention.pinv import iterative_pinv
-from kernels import flashcur as fwd
-from kernels import launch as kernel_launch
-from kernels import flashcur_bwd as bwd
+from kernels.common.launch import device_capability, interpreted
+from kernels.flashcur import launch as kernel_launch
+from kernels.flashcur import ops
 
 
 class _RowAttention(torch.autograd.Function):
-    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` (kernel a) with the tiled backward of ``kernels.flashcur_bwd``."""
+    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` (kernel a) with the tiled backward of ``kernels.flashcur.backward``."""
 
     @staticmethod
     def forward(ctx, q_sel, k, v, key_mask):
-        rv, lse = fwd.rv_forward(q_sel, k, v, key_mask)
+        rv, lse = ops.rv_forward(q_sel, k, v, key_mask)
         ctx.save_for_backward(q_sel, k, v, key_mask, rv, lse)
         return rv
 
@@ -52,7 +52,7 @@ class _RowAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, d_rv):
         q_sel, k, v, key_mask, rv, lse = ctx.saved_tensors
-        dq_sel, dk, dv = bwd.rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
+        dq_sel, dk, dv = ops.rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
         return dq_sel.to(q_sel.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
@@ -61,7 +61,7 @@ class _SelectedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_sel, k_sel, valid_k):
-        u = fwd.u_forward(q_sel, k_sel, valid_k)
+        u = ops.u_forward(q_sel, k_sel, valid_k)
         ctx.save_for_backward(q_sel, k_sel, u)
         return u
 
@@ -82,7 +82,7 @@ class _ColumnAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
-        y, lse = fwd.out_forward(q, k_sel, valid_k, w, rv, slot)
+        y, lse = ops.out_forward(q, k_sel, valid_k, w, rv, slot)
         ctx.save_for_backward(q, k_sel, valid_k, w, slot, lse, index_q)
         ctx.m_padded = rv.shape[2]
         ctx.overwrite_rows = overwrite_rows
@@ -92,7 +92,7 @@ class _ColumnAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, d_y):
         q, k_sel, valid_k, w, slot, lse, index_q = ctx.saved_tensors
-        dq, dk_sel, dw = bwd.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+        dq, dk_sel, dw = ops.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
         d_rv = None
         if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
             d_rv = F.pad(_rows(d_y.float(), index_q), (0, 0, 0, ctx.m_padded - index_q.shape[2]))
@@ -100,19 +100,19 @@ class _ColumnAttention(torch.autograd.Function):
 
 
 def _padded_size(m: int) -> int:
-    """The smallest kernel size in ``kernels.flashcur.SUPPORTED_M`` that holds ``m`` slots."""
-    for size in fwd.SUPPORTED_M:
+    """The smallest kernel size in ``kernels.flashcur.launch.SUPPORTED_M`` that holds ``m`` slots."""
+    for size in kernel_launch.SUPPORTED_M:
         if m <= size:
             return size
     raise ValueError(
-        f"FlashCUR supports at most {fwd.SUPPORTED_M[-1]} selected rows (attention.num_landmarks), got {m}; "
+        f"FlashCUR supports at most {kernel_launch.SUPPORTED_M[-1]} selected rows (attention.num_landmarks), got {m}; "
         "lower attention.num_landmarks or use attention=curformer"
     )
 
 
 def check_device(q: torch.Tensor) -> None:
     """FlashCUR runs its kernels on CUDA tensors, or on CPU tensors under the Triton interpreter."""
-    if q.is_cuda or (q.device.type == "cpu" and fwd.interpreted()):
+    if q.is_cuda or (q.device.type == "cpu" and interpreted()):
         return
     hint = (
         "kernels.flashcur was imported without TRITON_INTERPRET=1: set it in the environment before "
@@ -185,9 +185,9 @@ class FlashCURAttention(CURAttention):
             num_heads, head_dim, num_landmarks, selection, same_indices, embed_column, pinv_iters, overwrite_rows, force_cls,
             pinv_init=pinv_init,
         )
-        fwd.check_head_dim(head_dim)
-        if torch.cuda.is_available():  # tiles must fit this GPU's shared memory (kernels.launch); fp32 is checked at launch
-            capability = kernel_launch.device_capability(torch.device("cuda", torch.cuda.current_device()))
+        kernel_launch.check_head_dim(head_dim)
+        if torch.cuda.is_available():  # tiles must fit this GPU's shared memory; fp32 is checked at launch
+            capability = device_capability(torch.device("cuda", torch.cuda.current_device()))
             kernel_launch.check_shape(_padded_size(self.num_landmarks), head_dim, capability)
         else:
             _padded_size(self.num_landmarks)

@@ -27,7 +27,7 @@ from torch import nn
 
 from attention.l1_cpu import L1AttentionFunction
 from attention.scores import L1Score, uses_cpu_kernel
-from kernels.flashl1 import flash_l1_attention
+from kernels.flashl1.launch import flash_l1_attention
 
 
 class L1Attention(nn.Module):

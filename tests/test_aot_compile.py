@@ -1,15 +1,15 @@
 """Every FlashCUR kernel compiles ahead of time for sm_80 (A100) and sm_90 (H100) within the GPU's limits.
 
-No GPU needed: :func:`kernels.aot.compile_kernel` runs Triton's compiler and the ``ptxas`` of its wheel
-for the target, with the launch parameters of :func:`kernels.launch.launch_config` — the function
+No GPU needed: :func:`kernels.flashcur.launch.compile_kernel` runs Triton's compiler and the ``ptxas`` of its wheel
+for the target, with the launch parameters of :func:`kernels.flashcur.launch.launch_config` — the function
 the wrappers launch with — and asserts per kernel, architecture, dtype and supported shape:
 
 * it compiles;
 * shared memory per block ≤ the architecture's opt-in maximum (sm_80 167,936 B, sm_90 232,448 B),
   else the launch fails with ``OutOfResources``;
 * no register spills: a stack frame of 0 bytes in the cubin (spilled registers go to slow local
-  memory); :data:`kernels.launch.REGISTER_TILES` is the measured table that makes this hold;
-* :func:`kernels.launch.shared_memory_estimate` (what the rule decides with) does not under-count
+  memory); :data:`kernels.flashcur.launch.REGISTER_TILES` is the measured table that makes this hold;
+* :func:`kernels.flashcur.launch.shared_memory_estimate` (what the rule decides with) does not under-count
   the compiler's figure by more than 1 KiB, so the rule stays safe when a kernel changes.
 
 The default suite compiles the largest shape (m = d = 128, long n) in fp32 (IEEE dots, on the FMA
@@ -31,7 +31,8 @@ import os
 import pytest
 import torch
 
-from kernels import launch
+from kernels.common.launch import SHARED_MEMORY_LIMIT
+from kernels.flashcur import launch
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="kernels defined under the interpreter cannot be compiled for a GPU"
@@ -76,15 +77,13 @@ def case_id(case) -> str:
 @functools.lru_cache(maxsize=None)
 def compile_case(case):
     """The case compiled once per test session (compiling is the expensive part)."""
-    from kernels import aot
-
     kernel, capability, dtype_name, n, m, d = case
     dtype, tf32 = DTYPES[dtype_name]
-    return aot.compile_kernel(kernel, capability, dtype, n, m, d, tf32=tf32)
+    return launch.compile_kernel(kernel, capability, dtype, n, m, d, tf32=tf32)
 
 
 def estimate_of(case, config: launch.LaunchConfig) -> int:
-    """:func:`kernels.launch.shared_memory_estimate` of ``case`` launched with ``config``."""
+    """:func:`kernels.flashcur.launch.shared_memory_estimate` of ``case`` launched with ``config``."""
     kernel, _, _, n, m, d = case
     sizes = {**launch.block_sizes(n, m, d), **config.constexprs, "M": m}
     return launch.shared_memory_estimate(kernel, sizes, config.num_stages, 4 if sizes["F32_DOT"] else 2,
@@ -100,7 +99,7 @@ def check_compiled(case) -> None:
     print(f"{where}: shared {compiled.shared:,} B, {compiled.registers} registers, stack {compiled.stack} B")
     assert compiled.shared <= compiled.limit, f"{where}: {compiled.shared:,} B shared memory > sm_{capability} limit {compiled.limit:,}"
     assert compiled.stack == 0, (f"{where}: registers spill ({compiled.stack} B stack frame, {compiled.registers} registers): "
-                                 "shrink this kernel's entry in kernels.launch.REGISTER_TILES")
+                                 "shrink this kernel's entry in kernels.flashcur.launch.REGISTER_TILES")
     estimate = estimate_of(case, compiled.config)
     assert compiled.shared <= estimate + 1024, f"{where}: estimate {estimate:,} B under-counts compiled {compiled.shared:,} B"
 
@@ -125,7 +124,7 @@ def test_rule_keeps_the_estimate_under_the_limit(kernel, capability, dtype_name)
     dtype, tf32 = DTYPES[dtype_name]
     for m, d, n in itertools.product(launch.SUPPORTED_M, HEAD_DIMS, (1, 16, 100, 4096)):
         config = launch.launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
-        assert estimate_of((kernel, capability, dtype_name, n, m, d), config) <= launch.SHARED_MEMORY_LIMIT[capability] - launch.MARGIN
+        assert estimate_of((kernel, capability, dtype_name, n, m, d), config) <= SHARED_MEMORY_LIMIT[capability] - launch.MARGIN
         for name in ("BLOCK_N", "BLOCK_M", "BLOCK_D"):
             if name in config.constexprs:
                 size = config.constexprs[name]
@@ -139,7 +138,7 @@ def test_rule_keeps_the_estimate_under_the_limit(kernel, capability, dtype_name)
 
 def test_every_kernel_with_an_ieee_float32_dot_has_a_register_rule():
     """A kernel that multiplies by a float32 tensor (W, RV, gradients: a float32 tile in
-    :data:`kernels.launch.TILES`) has IEEE fp32 dots on the FMA units for every input dtype, so it
+    :data:`kernels.flashcur.launch.TILES`) has IEEE fp32 dots on the FMA units for every input dtype, so it
     needs a measured entry for every operand class; the others need one for fp32 inputs only."""
     for kernel in launch.KERNELS:
         has_f32_tensor = any(f32 for group in launch.TILES[kernel].values() for *_, f32 in group)
@@ -154,7 +153,7 @@ def test_tiles_before_the_rules_overflow_an_a100():
     sizes = {"BLOCK_N": 64, "BLOCK_M": 64, "BLOCK_D": 128, "M": 128}
     for kernel, compiled in (("_rv_bwd_q", 212_992), ("_rv_fwd", 180_480)):
         estimate = launch.shared_memory_estimate(kernel, sizes, 3, 4)
-        assert abs(estimate - compiled) <= 256 and estimate > launch.SHARED_MEMORY_LIMIT[80], (kernel, estimate)
+        assert abs(estimate - compiled) <= 256 and estimate > SHARED_MEMORY_LIMIT[80], (kernel, estimate)
 
 
 def test_a_shape_no_tile_serves_is_a_config_error():

@@ -16,7 +16,7 @@ import torch
 
 import attention.flashcur  # noqa: F401  (defines the kernels now, from this process's environment)
 from attention import build_attention
-from kernels.flashcur import block_sizes
+from kernels.flashcur.launch import block_sizes
 from tests.conftest import compose_config, run_cli
 
 INTERPRETER_ENV = {"TRITON_INTERPRET": "1"}

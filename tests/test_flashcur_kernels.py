@@ -61,7 +61,7 @@ def dense_cur(q, k, v, key_mask, index, pinv_iters, overwrite_rows=True):
 
 def test_each_kernel_matches_its_equation():
     """Kernels (a), (b), (c) on their own: RV and its lse, U, and softmax(QK_Jᵀ)W with rows I replaced."""
-    from kernels import flashcur
+    from kernels.flashcur import ops as flashcur
 
     q, k, v, key_mask = make_inputs(2, 2, 37, 24, pad_last=9)
     index = torch.stack([torch.randperm(28)[:16] for _ in range(4)]).view(2, 2, 16).to(DEVICE)

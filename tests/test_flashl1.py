@@ -1,4 +1,4 @@
-"""FlashL1 (``kernels/flashl1.py``, ``kernels/flashl1_bwd.py``): EcoTransformer L1 attention kernels.
+"""FlashL1 (``kernels/flashl1/``): EcoTransformer L1 attention kernels.
 
 * Numerics: forward and all three gradients against a dense float64 formula written here (the full
   ``(B, H, n, n, d)`` difference, masked like :func:`attention.scores.masked_softmax`), with one
@@ -7,7 +7,7 @@
   kernel is defined). Otherwise :func:`test_kernels_under_the_interpreter` reruns this file in a
   subprocess with the variable set, so the default suite always exercises them.
 * Launch rule and AOT compilation for sm_80 / sm_90 (no GPU needed; not under the interpreter):
-  shared memory within :data:`kernels.launch.SHARED_MEMORY_LIMIT`, spills reported (stack bytes).
+  shared memory within :data:`kernels.common.launch.SHARED_MEMORY_LIMIT`, spills reported (stack bytes).
 
 Shapes are tiny (the interpreter is ~60x slower than torch); wider sweeps are ``slow``.
 """
@@ -22,8 +22,8 @@ import os
 import pytest
 import torch
 
-from kernels import flashl1
-from kernels.launch import SHARED_MEMORY_LIMIT
+from kernels.common.launch import SHARED_MEMORY_LIMIT
+from kernels.flashl1 import launch as flashl1
 from tests.conftest import run_cli
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
@@ -227,7 +227,7 @@ def test_rule_keeps_the_estimate_under_the_limit(capability):
 
 @functools.lru_cache(maxsize=None)
 def compile_case(kernel, capability, dtype_name, d, n=4096):
-    from kernels import aot
+    from kernels.common import aot
 
     dtype, tf32 = DTYPES[dtype_name]
     cfg = flashl1.launch_config(kernel, n, d, dtype, capability, tf32)

@@ -3,12 +3,13 @@
 Triton compiles a ``@triton.jit`` function for a named target (``GPUTarget("cuda", 80, 32)``) with the
 ``ptxas`` shipped in its wheel, so the shared memory, registers and spills a kernel will need on an
 A100 (sm_80) or H100 (sm_90) are known before any GPU is touched. :func:`compile_jit` compiles any
-kernel from its launch parameters (a :class:`kernels.launch.LaunchConfig`: constexprs, ``num_warps``,
-``num_stages``) and argument types (:func:`jit_signature`); :func:`compile_kernel` does it for a FlashCUR
-kernel with exactly the launch parameters the wrappers use (:func:`kernels.launch.launch_config`) and
-the argument types they pass (:data:`kernels.launch.POINTER_TYPES`). Both return a :class:`Compiled`:
+kernel from its launch parameters (a :class:`kernels.common.launch.LaunchConfig`: constexprs,
+``num_warps``, ``num_stages``) and argument types (:func:`jit_signature`); the families compile with
+exactly what their wrappers launch with, ``launch_config`` and ``pointer_types`` of
+:mod:`kernels.flashcur.launch` (whose :func:`~kernels.flashcur.launch.compile_kernel` does it per
+shape) and :mod:`kernels.flashl1.launch`. It returns a :class:`Compiled`:
 
-    >>> c = compile_kernel("_rv_fwd", capability=80, dtype=torch.float32, n=4096, m=128, d=128)
+    >>> c = compile_jit(fn, 80, config, pointers, floats)
     >>> c.shared, c.stack, c.fits           # bytes of shared memory, bytes spilled, within the sm_80 limit
 
 Spills are read from the cubin (:func:`resource_usage`: ``cuobjdump -res-usage``, stack frame bytes;
@@ -25,15 +26,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import launch
+from kernels.common.launch import SHARED_MEMORY_LIMIT, LaunchConfig
 
 USAGE_RE = re.compile(r"REG:(?P<reg>\d+) STACK:(?P<stack>\d+)")
-FLOAT_ARGS = ("qk_scale", "sm_scale")  # FlashCUR's float scalars; other kernels pass their own
 CUOBJDUMP = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
@@ -43,21 +42,21 @@ class Compiled:
 
     kernel: str
     capability: int
-    config: launch.LaunchConfig
+    config: LaunchConfig
     shared: int  # bytes of shared memory per program (block)
     registers: int  # per thread
     stack: int  # bytes of stack frame per thread: where spilled registers go (0 = no spills)
 
     @property
     def limit(self) -> int:
-        return launch.SHARED_MEMORY_LIMIT[self.capability]
+        return SHARED_MEMORY_LIMIT[self.capability]
 
     @property
     def fits(self) -> bool:
         return self.shared <= self.limit and self.stack == 0
 
 
-def jit_signature(fn, constexprs: dict, pointers: dict[str, str], floats=FLOAT_ARGS) -> tuple[dict, dict, dict]:
+def jit_signature(fn, constexprs: dict, pointers: dict[str, str], floats: tuple[str, ...]) -> tuple[dict, dict, dict]:
     """``(signature, constexprs, attrs)`` of any ``@triton.jit`` function ``fn`` for :class:`ASTSource`.
 
     Arguments named in ``constexprs`` are constexprs with those values; those in ``pointers``
@@ -78,12 +77,6 @@ def jit_signature(fn, constexprs: dict, pointers: dict[str, str], floats=FLOAT_A
     return sig, dict(constexprs), attrs
 
 
-def signature(kernel: str, config: launch.LaunchConfig, dtype: torch.dtype) -> tuple[dict, dict, dict]:
-    """:func:`jit_signature` of the FlashCUR ``kernel`` as a launch would build it: pointer types from
-    :data:`kernels.launch.POINTER_TYPES`, the config's constexprs, the two scales ``fp32``."""
-    return jit_signature(launch.kernel_function(kernel), config.constexprs, launch.pointer_types(kernel, dtype))
-
-
 def resource_usage(cubin: bytes) -> tuple[int, int]:
     """``(registers per thread, stack frame bytes)`` of the one kernel in ``cubin`` (``cuobjdump -res-usage``).
 
@@ -101,7 +94,7 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(match["reg"]), int(match["stack"])
 
 
-def compile_jit(fn, capability: int, config: launch.LaunchConfig, pointers: dict[str, str], floats=FLOAT_ARGS,
+def compile_jit(fn, capability: int, config: LaunchConfig, pointers: dict[str, str], floats: tuple[str, ...],
                 name: str | None = None) -> Compiled:
     """AOT-compile any ``@triton.jit`` ``fn`` for ``sm_<capability>`` with ``config``'s constexprs,
     ``num_warps`` and ``num_stages``; argument types as :func:`jit_signature` (``pointers``, ``floats``)."""
@@ -113,8 +106,3 @@ def compile_jit(fn, capability: int, config: launch.LaunchConfig, pointers: dict
     registers, stack = resource_usage(compiled.asm["cubin"])
     return Compiled(name or fn.fn.__name__, capability, config, compiled.metadata.shared, registers, stack)
 
-
-def compile_kernel(kernel: str, capability: int, dtype: torch.dtype, n: int, m: int, d: int, tf32: bool = False) -> Compiled:
-    """AOT-compile the FlashCUR ``kernel`` for ``sm_<capability>`` with the launch parameters for ``(n, m, d, dtype)``."""
-    config = launch.launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
-    return compile_jit(launch.kernel_function(kernel), capability, config, launch.pointer_types(kernel, dtype), name=kernel)

@@ -1,28 +1,28 @@
 """FlashCUR backward kernels: tiled recompute of ``R`` and ``C`` from their saved log-sum-exps.
 
-Notation of :mod:`kernels.flashcur` (``s = 1/√d``, softmaxes in base 2). For a softmax
+Notation of :mod:`kernels.flashcur.forward` (``s = 1/√d``, softmaxes in base 2). For a softmax
 ``P = softmax(S)`` and an upstream gradient ``dP``, ``dS = P ⊙ (dP − Δ)`` with ``Δ = rowsum(dP ⊙ P)``.
 
 * ``RV = R V``, ``R = softmax(s·Q_I Kᵀ + pad mask)`` (m×n). Given ``dRV`` (m×d) and
-  ``Δ_R = rowsum(dRV ⊙ RV)``: :func:`rv_backward_kv` gives ``dK = s·dS_Rᵀ Q_I`` and ``dV = Rᵀ dRV``
-  per key tile (all m rows in the program); :func:`rv_backward_q` gives ``dQ_I = s·dS_R K`` per
+  ``Δ_R = rowsum(dRV ⊙ RV)``: ``_rv_bwd_kv`` gives ``dK = s·dS_Rᵀ Q_I`` and ``dV = Rᵀ dRV``
+  per key tile (all m rows in the program); ``_rv_bwd_q`` gives ``dQ_I = s·dS_R K`` per
   block of selected rows, looping over key tiles.
 * ``Y_C = C W``, ``C = softmax(s·Q K_Jᵀ)`` (n×m), with ``dY_C = dY`` on unselected rows and 0 on the
-  rows ``I`` (those were overwritten by ``RV``). :func:`out_backward_q` gives ``dQ = s·dS_C K_J`` and
-  ``Δ_C`` per query tile; :func:`out_backward_kw` gives ``dK_J = s·dS_Cᵀ Q`` and ``dW = Cᵀ dY_C`` per
+  rows ``I`` (those were overwritten by ``RV``). ``_out_bwd_q`` gives ``dQ = s·dS_C K_J`` and
+  ``Δ_C`` per query tile; ``_out_bwd_kw`` gives ``dK_J = s·dS_Cᵀ Q`` and ``dW = Cᵀ dY_C`` per
   block of selected keys, looping over query tiles.
 
 No program holds more than one (tile × m) block of ``R`` or ``C``; nothing n×m or n×n is stored.
+:func:`kernels.flashcur.ops.rv_backward` and :func:`~kernels.flashcur.ops.out_backward` launch them.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from kernels.flashcur import _mm, _mm32, _scale, config
-from kernels.launch import launch
+from kernels.common.launch import mm
+from kernels.flashcur.forward import mm32
 
 
 @triton.jit
@@ -54,12 +54,12 @@ def _rv_bwd_kv(
         drv = tl.load(DRV + small, mask=d_ok[None, :], other=0.0)
         lse = tl.load(LSE + pid_bh * M + offs_j)
         delta = tl.load(DELTA + pid_bh * M + offs_j)
-        scores_t = _mm(k, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M) = (s·Q_I Kᵀ)ᵀ
+        scores_t = mm(k, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M) = (s·Q_I Kᵀ)ᵀ
         p_t = tl.where(real[:, None], tl.exp2(scores_t - lse[None, :]), 0.0)
-        dv += _mm32(p_t, drv, PRECISION)
-        dp_t = _mm32(v, tl.trans(drv), PRECISION)
+        dv += mm32(p_t, drv, PRECISION)
+        dp_t = mm32(v, tl.trans(drv), PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += _mm(ds_t, q, F32_DOT, PRECISION)
+        dk += mm(ds_t, q, F32_DOT, PRECISION)
     out = pid_bh * N * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(DK + out, dk * sm_scale, mask=tile_ok)
     tl.store(DV + out, dv, mask=tile_ok)
@@ -95,11 +95,11 @@ def _rv_bwd_q(
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=tile_ok, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=tile_ok, other=0.0)
         real = tl.load(MASK + b * stride_mb + offs_n, mask=n_ok, other=0) != 0
-        scores = _mm(q, tl.trans(k), F32_DOT, PRECISION) * qk_scale
+        scores = mm(q, tl.trans(k), F32_DOT, PRECISION) * qk_scale
         p = tl.where(real[None, :], tl.exp2(scores - lse[:, None]), 0.0)
-        dp = _mm32(drv, tl.trans(v), PRECISION)
+        dp = mm32(drv, tl.trans(v), PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += _mm(ds, k, F32_DOT, PRECISION)
+        dq += mm(ds, k, F32_DOT, PRECISION)
     tl.store(DQI + small, dq * sm_scale, mask=d_ok[None, :])
 
 
@@ -111,8 +111,8 @@ def _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, offs_j, offs_d, d_ok, D, qk_scal
     kj = tl.load(KJ + small, mask=d_ok[None, :], other=0.0)
     w = tl.load(W + small, mask=d_ok[None, :], other=0.0)
     valid = tl.load(VALIDK + pid_bh * M + offs_j) != 0
-    p = tl.where(valid[None, :], tl.exp2(_mm(q, tl.trans(kj), F32_DOT, PRECISION) * qk_scale - lse[:, None]), 0.0)
-    return p, _mm32(dy, tl.trans(w), PRECISION), kj
+    p = tl.where(valid[None, :], tl.exp2(mm(q, tl.trans(kj), F32_DOT, PRECISION) * qk_scale - lse[:, None]), 0.0)
+    return p, mm32(dy, tl.trans(w), PRECISION), kj
 
 
 @triton.jit
@@ -149,7 +149,7 @@ def _out_bwd_q(
         p, dp, kj = _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, start + tl.arange(0, BLOCK_M), offs_d, d_ok, D,
                              qk_scale, M, F32_DOT, PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += _mm(ds, kj, F32_DOT, PRECISION)
+        dq += mm(ds, kj, F32_DOT, PRECISION)
     tl.store(DQ + pid_bh * N * D + offs_n[:, None] * D + offs_d[None, :], dq * sm_scale, mask=n_ok[:, None] & d_ok[None, :])
     tl.store(DELTA + pid_bh * N + offs_n, delta, mask=n_ok)
 
@@ -185,66 +185,11 @@ def _out_bwd_kw(
                      mask=(n_ok & free)[:, None] & d_ok[None, :], other=0.0)
         lse = tl.load(LSE + pid_bh * N + offs_n, mask=n_ok, other=0.0)
         delta = tl.load(DELTA + pid_bh * N + offs_n, mask=n_ok, other=0.0)
-        scores_t = _mm(kj, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) = (s·Q K_Jᵀ)ᵀ
+        scores_t = mm(kj, tl.trans(q), F32_DOT, PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) = (s·Q K_Jᵀ)ᵀ
         p_t = tl.where(valid[:, None] & n_ok[None, :], tl.exp2(scores_t - lse[None, :]), 0.0)
-        dw += _mm32(p_t, dy, PRECISION)
-        dp_t = _mm32(w, tl.trans(dy), PRECISION)
+        dw += mm32(p_t, dy, PRECISION)
+        dp_t = mm32(w, tl.trans(dy), PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += _mm(ds_t, q, F32_DOT, PRECISION)
+        dk += mm(ds_t, q, F32_DOT, PRECISION)
     tl.store(DKJ + small, dk * sm_scale, mask=d_ok[None, :])
     tl.store(DW + small, dw, mask=d_ok[None, :])
-
-
-def _strides(*tensors: torch.Tensor) -> list[int]:
-    return [s for t in tensors for s in t.stride()[:3]]
-
-
-def rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv):
-    """Gradients of kernel (a): ``(dQ_I (B,H,m,d), dK (B,H,n,d), dV (B,H,n,d))``, all float32."""
-    B, H, m, d = q_sel.shape
-    n = k.shape[2]
-    d_rv = d_rv.float().contiguous()
-    delta = (d_rv * rv).sum(-1)  # Δ_R (B, H, m)
-    mask = key_mask.to(torch.uint8)
-    dk = torch.empty(B, H, n, d, device=k.device, dtype=torch.float32)
-    dv = torch.empty_like(dk)
-    dq_sel = torch.empty(B, H, m, d, device=k.device, dtype=torch.float32)
-    common = (*_strides(k, v), mask.stride(0))
-    qk_scale, sm_scale = _scale(d), d**-0.5
-    cfg = config("_rv_bwd_kv", n, m, d, q_sel)
-    launch(
-        "_rv_bwd_kv", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
-        q_sel, k, v, mask, d_rv, lse, delta, dk, dv, *common, H, n, d, qk_scale, sm_scale,
-    )
-    cfg = config("_rv_bwd_q", n, m, d, q_sel)
-    launch(
-        "_rv_bwd_q", (B * H, m // cfg.constexprs["BLOCK_M"]), cfg,
-        q_sel, k, v, mask, d_rv, lse, delta, dq_sel, *common, H, n, d, m, qk_scale, sm_scale,
-    )
-    return dq_sel, dk, dv
-
-
-def out_backward(q, k_sel, valid_k, w, slot, lse, d_out):
-    """Gradients of the ``C W`` part of kernel (c): ``(dQ (B,H,n,d), dK_J (B,H,m,d), dW (B,H,m,d))``, float32."""
-    B, H, n, d = q.shape
-    m = k_sel.shape[2]
-    if d_out.stride(-1) != 1:
-        d_out = d_out.contiguous()
-    dq = torch.empty(B, H, n, d, device=q.device, dtype=torch.float32)
-    delta = torch.empty(B, H, n, device=q.device, dtype=torch.float32)
-    dk_sel = torch.empty(B, H, m, d, device=q.device, dtype=torch.float32)
-    dw = torch.empty_like(dk_sel)
-    common = _strides(q, d_out)
-    valid_k = valid_k.to(torch.uint8)
-    qk_scale, sm_scale = _scale(d), d**-0.5
-    cfg = config("_out_bwd_q", n, m, d, q)
-    launch(
-        "_out_bwd_q", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
-        q, k_sel, valid_k, w, slot, d_out, lse, dq, delta, *common, H, n, d, qk_scale, sm_scale,
-    )
-    cfg = config("_out_bwd_kw", n, m, d, q)
-    launch(
-        "_out_bwd_kw", (B * H, m // cfg.constexprs["BLOCK_M"]), cfg,
-        q, k_sel, valid_k, w, slot, d_out, lse, delta, dk_sel, dw, *common, H, n, d, m, qk_scale, sm_scale,
-    )
-    return dq, dk_sel, dw

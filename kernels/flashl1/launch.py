@@ -1,16 +1,14 @@
-"""FlashL1: exact L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1) as fused Triton kernels.
+"""FlashL1 launch wrapper: exact L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1) on the
+fused Triton kernels of :mod:`kernels.flashl1.forward` and :mod:`kernels.flashl1.backward`.
 
 Per (batch, head), with ``q, k, v`` ``(n, d)``, λ > 0 and the key pad mask::
 
     S_ij = −λ ‖q_i − k_j‖₁ / √d   (−inf on pad keys),   P = softmax_j(S),   Y = P V   (n × d)
 
-Forward (:func:`l1_forward`, kernel ``_l1_fwd``): one program per tile of ``BLOCK_M`` queries, online
-softmax over tiles of ``BLOCK_N`` keys (flash attention): with the running max ``m``, sum ``l`` and
-output ``acc``, per key tile ``m' = max(m, rowmax S)``, ``α = exp(m − m')``, ``l ← α l + rowsum e^{S−m'}``,
-``acc ← α acc + e^{S−m'} V``; finally ``Y = acc / l`` and the row log-sum-exp ``L = m + log l`` is
-stored (base 2). The distance tile is accumulated in float32 one column of ``d`` at a time (an L1
-distance is no matmul), in the ``tl.dot`` accumulator layout (:func:`_dot_zeros`); ``P V`` is a
-``tl.dot``. Nothing n × n is stored. Backward: see :mod:`kernels.flashl1_bwd`.
+Here: the launch parameters per GPU architecture and dtype (:func:`launch_config`, compiled for
+sm_80 / sm_90 by ``tests/test_flashl1.py``), the functions that launch the kernels
+(:func:`l1_forward`, :func:`l1_backward`), the autograd Function :class:`FlashL1` and
+:func:`flash_l1_attention`, what :class:`attention.l1.L1Attention` calls on CUDA.
 
 Masking follows :func:`attention.scores.masked_softmax`: pad keys get exactly 0 weight, and a row
 with no real key (an all-pad sequence) outputs 0 (its ``L`` is +inf, so its ``P`` and gradients are 0).
@@ -20,8 +18,7 @@ float16 or bfloat16 (all the same); ``key_mask`` bool ``(B, n)``, True = real to
 softmax and accumulators are float32; ``Y`` and the gradients have the inputs' dtype. ``tl.dot``
 operands are float32 for float32 inputs (TF32 when torch allows it for CUDA matmuls) and under
 ``TRITON_INTERPRET=1``, else the input dtype. Any ``n`` ≥ 1 and ``1 ≤ d ≤ 128`` (tiles of
-``BLOCK_D = max(16, next_pow2(d))`` columns, masked). Launch parameters per GPU architecture and
-dtype: :func:`launch_config`, compiled for sm_80 / sm_90 by ``tests/test_flashl1.py``.
+``BLOCK_D = max(16, next_pow2(d))`` columns, masked).
 """
 
 from __future__ import annotations
@@ -30,19 +27,16 @@ import math
 
 import torch
 import triton
-import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from kernels.flashcur import _mm
-from kernels.launch import SHARED_MEMORY_LIMIT, TRITON_TYPES, LaunchConfig
+from kernels.common import launch as common
+from kernels.common.launch import IN, MARGIN, MIN_DOT, TRITON_TYPES, LaunchConfig
+from kernels.flashl1 import backward, forward
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
-MIN_TILE = 16  # smallest tl.dot operand dimension
-MARGIN = 2_048  # bytes kept free below the shared-memory limit (barriers, reductions)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-IN = "in"  # pointer to tensors of the input dtype
 POINTER_TYPES = {
     "_l1_fwd": {"Q": IN, "K": IN, "V": IN, "MASK": "*u8", "OUT": IN, "LSE": "*fp32"},
     "_l1_bwd_kv": {"Q": IN, "K": IN, "V": IN, "MASK": "*u8", "DO": IN, "LSE": "*fp32", "DELTA": "*fp32", "DK": IN, "DV": IN},
@@ -52,7 +46,7 @@ KERNELS = tuple(POINTER_TYPES)
 FLOAT_ARGS = ("score_scale", "grad_scale")
 
 # Tiles staged through shared memory, per kernel, as (rows, cols): "fixed" once per program (the first is
-# the zero dot of _dot_zeros), "loop" once per iteration (pipelined: num_stages copies), "scratch" converted
+# the zero dot of forward.dot_zeros), "loop" once per iteration (pipelined: num_stages copies), "scratch" converted
 # tiles. An over-count on purpose: Triton reuses buffers (tests/test_flashl1.py checks it never under-counts).
 TILES = {
     "_l1_fwd": {"fixed": [("BLOCK_M", 16), (16, "BLOCK_N")], "loop": [("BLOCK_N", "BLOCK_D")],
@@ -62,11 +56,6 @@ TILES = {
     "_l1_bwd_q": {"fixed": [("BLOCK_M", 16), (16, "BLOCK_N"), ("BLOCK_M", "BLOCK_D")], "loop": [("BLOCK_N", "BLOCK_D")],
                   "scratch": [("BLOCK_M", "BLOCK_N")]},
 }
-
-
-def interpreted() -> bool:
-    """True when these kernels were defined under ``TRITON_INTERPRET=1`` (CPU interpreter)."""
-    return not isinstance(_l1_fwd, triton.runtime.jit.JITFunction)
 
 
 def check_head_dim(d: int) -> None:
@@ -79,12 +68,7 @@ def check_head_dim(d: int) -> None:
 
 def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, operand_bytes: int) -> int:
     """Bytes of shared memory ``kernel``'s staged tiles (:data:`TILES`) take at ``operand_bytes`` per element."""
-    tiles = TILES[kernel]
-
-    def total(group: str) -> int:
-        return sum(sizes.get(r, r) * sizes.get(c, c) * operand_bytes for r, c in tiles.get(group, []))
-
-    return total("fixed") + num_stages * total("loop") + total("scratch")
+    return common.shared_memory_estimate(TILES[kernel], sizes, num_stages, operand_bytes)
 
 
 def tiles(kernel: str, block_d: int, dtype: torch.dtype, capability: int, tf32: bool) -> tuple[int, int, int, int]:
@@ -126,123 +110,47 @@ def launch_config(kernel: str, n: int, d: int, dtype: torch.dtype, capability: i
     (``BLOCK_M``); the other two own queries and loop over keys.
     """
     check_head_dim(d)
-    block_d = max(MIN_TILE, triton.next_power_of_2(d))
-    fit = max(MIN_TILE, triton.next_power_of_2(n))
+    block_d = max(MIN_DOT, triton.next_power_of_2(d))
+    fit = max(MIN_DOT, triton.next_power_of_2(n))
     own, loop, warps, block_do = tiles(kernel, block_d, dtype, capability, tf32 and dtype == torch.float32)
     own, loop = min(own, fit), min(loop, fit)
-    f32_dot = dtype == torch.float32 or interpreted()
-    limit = SHARED_MEMORY_LIMIT.get(capability, SHARED_MEMORY_LIMIT[86]) - MARGIN
+    dots = common.dot_constexprs(dtype, tf32)
+    limit = common.shared_memory_limit(capability) - MARGIN
     stages = 3 if capability >= 90 else 2
     while True:
         rows = {"BLOCK_M": loop, "BLOCK_N": own} if kernel == "_l1_bwd_kv" else {"BLOCK_M": own, "BLOCK_N": loop}
         sizes = {**rows, "BLOCK_D": block_d, **({"BLOCK_DO": block_do} if kernel == "_l1_bwd_kv" else {})}
-        if shared_memory_estimate(kernel, sizes, stages, 4 if f32_dot else 2) <= limit:
+        if shared_memory_estimate(kernel, sizes, stages, 4 if dots["F32_DOT"] else 2) <= limit:
             break
         if stages > 1:
             stages -= 1
-        elif loop > MIN_TILE:
+        elif loop > MIN_DOT:
             loop //= 2
         else:
             raise ValueError(f"FlashL1 {kernel}: head_dim {d} in {TRITON_TYPES[dtype]} does not fit sm_{capability}")
-    constexprs = {**sizes, "F32_DOT": f32_dot, "PRECISION": "tf32" if tf32 and not interpreted() else "ieee"}
-    return LaunchConfig(constexprs, num_warps=min(warps, own // 16), num_stages=stages)
+    return LaunchConfig({**sizes, **dots}, num_warps=min(warps, own // 16), num_stages=stages)
 
 
 def config(kernel: str, n: int, d: int, like: torch.Tensor) -> LaunchConfig:
     """:func:`launch_config` for inputs like ``like`` on their device (TF32 as torch allows; CPU counts as sm_80)."""
-    capability = 80
-    if like.device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(like.device)
-        capability = major * 10 + minor
+    capability = common.device_capability(like.device)
     return launch_config(kernel, n, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32)
 
 
 def kernel_function(kernel: str):
-    """The ``@triton.jit`` function named ``kernel`` (backward kernels imported late: that module imports this one)."""
-    from kernels import flashl1_bwd
-
-    return globals().get(kernel) or getattr(flashl1_bwd, kernel)
+    """The ``@triton.jit`` function named ``kernel`` (:mod:`kernels.flashl1.forward` or ``.backward``)."""
+    return getattr(forward, kernel, None) or getattr(backward, kernel)
 
 
 def pointer_types(kernel: str, dtype: torch.dtype) -> dict[str, str]:
     """Triton pointer types of ``kernel``'s tensor arguments for inputs of ``dtype`` (what the AOT test compiles)."""
-    return {name: "*" + TRITON_TYPES[dtype] if kind == IN else kind for name, kind in POINTER_TYPES[kernel].items()}
+    return common.pointer_types(POINTER_TYPES[kernel], dtype)
 
 
 def launch(kernel: str, grid, cfg: LaunchConfig, *args) -> None:
     """``kernel[grid](*args, **cfg.options)``; under the interpreter the tensors' types are checked
     against :data:`POINTER_TYPES` first, so the AOT-compiled signature is the launched one."""
-    fn = kernel_function(kernel)
-    if interpreted():
-        found = {name: "*" + TRITON_TYPES[a.dtype] for name, a in zip(fn.arg_names, args) if isinstance(a, torch.Tensor)}
-        expected = pointer_types(kernel, args[0].dtype)
-        assert found == expected, f"{kernel}: pointer types {found} differ from POINTER_TYPES {expected}"
-    fn[grid](*args, **cfg.options)
-
-
-@triton.jit
-def _dot_zeros(BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
-    """A float32 ``(BLOCK_A, BLOCK_B)`` zero tile in the ``tl.dot`` accumulator layout (it is a dot of zeros).
-
-    Accumulating the distances in that layout gives each thread a small block of rows × columns (so
-    few loads per column of ``d``) and feeds ``P`` to the next dot without a layout conversion.
-    """
-    return tl.dot(tl.zeros([BLOCK_A, 16], tl.float16), tl.zeros([16, BLOCK_B], tl.float16))
-
-
-@triton.jit
-def _l1_tile(zero, a_rows, b_rows, a_ok, b_ok, D):
-    """``zero + ‖a_i − b_j‖₁`` float32 ``(A, B)``; ``a_rows, b_rows`` point at the rows' first elements."""
-    dist = zero
-    for c in range(0, D):
-        a = tl.load(a_rows + c, mask=a_ok, other=0.0).to(tl.float32)
-        b = tl.load(b_rows + c, mask=b_ok, other=0.0).to(tl.float32)
-        dist += tl.abs(a[:, None] - b[None, :])
-    return dist
-
-
-@triton.jit
-def _l1_fwd(
-    Q, K, V, MASK, OUT, LSE,
-    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_on, stride_mb,
-    H, N, D, score_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """One program: BLOCK_M queries of one (batch, head); online softmax over key tiles (base 2)."""
-    pid_bh = tl.program_id(0)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < N
-    d_ok = offs_d < D
-    q_rows = Q + b * stride_qb + h * stride_qh + offs_m * stride_qn
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    zero = _dot_zeros(BLOCK_M, BLOCK_N)
-    for start in range(0, N, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        real = tl.load(MASK + b * stride_mb + offs_n, mask=n_ok, other=0) != 0
-        dist = _l1_tile(zero, q_rows, k_base + offs_n * stride_kn, m_ok, n_ok, D)
-        scores = tl.where(real[None, :], dist * score_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _mm(p, v, F32_DOT, PRECISION)
-        m_i = m_new
-    safe_l = tl.where(l_i > 0, l_i, 1.0)
-    out = acc / safe_l[:, None]
-    out_ptrs = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
-    tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + pid_bh * N + offs_m, tl.where(l_i > 0, m_i + tl.log2(safe_l), float("inf")), mask=m_ok)
+    common.launch(kernel_function(kernel), grid, cfg, POINTER_TYPES[kernel], *args)
 
 
 def unit_stride(x: torch.Tensor) -> torch.Tensor:
@@ -264,8 +172,26 @@ def l1_forward(q, k, v, key_mask, lam: float):
     return out, lse
 
 
+def l1_backward(q, k, v, key_mask, out, lse, d_out, lam: float):
+    """``(dq, dk, dv)`` ``(B, H, n, d)`` in the inputs' dtype; ``out, lse`` from :func:`l1_forward`."""
+    B, H, n, d = q.shape
+    delta = (d_out.float() * out.float()).sum(-1)  # Δ (B, H, n)
+    mask = key_mask.to(torch.uint8)
+    dq, dk, dv = (torch.empty(B, H, n, d, device=q.device, dtype=q.dtype) for _ in range(3))
+    rest = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *d_out.stride()[:3], mask.stride(0), H, n, d,
+              -lam * LOG2E / math.sqrt(d), -lam / math.sqrt(d))
+    cfg = config("_l1_bwd_kv", n, d, q)
+    parts = cfg.constexprs["BLOCK_D"] // cfg.constexprs["BLOCK_DO"]
+    launch("_l1_bwd_kv", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"]) * parts), cfg,
+           q, k, v, mask, d_out, lse, delta, dk, dv, *rest)
+    cfg = config("_l1_bwd_q", n, d, q)
+    launch("_l1_bwd_q", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_M"])), cfg,
+           q, k, v, mask, d_out, lse, delta, dq, *rest)
+    return dq, dk, dv
+
+
 class FlashL1(torch.autograd.Function):
-    """``Y = softmax(−λ‖q_i − k_j‖₁/√d + pad mask) V`` with the tiled backward of :mod:`kernels.flashl1_bwd`."""
+    """``Y = softmax(−λ‖q_i − k_j‖₁/√d + pad mask) V`` with the tiled backward of :mod:`kernels.flashl1.backward`."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, lam):
@@ -278,8 +204,6 @@ class FlashL1(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out):
-        from kernels.flashl1_bwd import l1_backward
-
         q, k, v, key_mask, out, lse = ctx.saved_tensors
         dq, dk, dv = l1_backward(q, k, v, key_mask, out, lse, unit_stride(d_out), ctx.lam)
         return dq, dk, dv, None, None

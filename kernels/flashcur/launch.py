@@ -3,9 +3,10 @@
 :func:`launch_config` gives, for a kernel, a shape ``(n, m, d)``, an input dtype and a GPU
 architecture, every compile-time parameter of the launch — block sizes, ``F32_DOT``/``PRECISION``,
 ``M`` where it is a constexpr, ``num_warps``, ``num_stages``. The wrappers in
-:mod:`kernels.flashcur` / :mod:`kernels.flashcur_bwd` launch with it (:func:`launch`), and
-``tests/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:mod:`kernels.aot`), so what the
-test checks is what runs.
+:mod:`kernels.flashcur.ops` launch with it (:func:`config`, :func:`launch`), and
+``tests/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:func:`compile_kernel`), so what
+the test checks is what runs. Shared memory limits, the estimate and the interpreter switch are
+:mod:`kernels.common.launch`'s.
 
 Pointer argument types (:data:`POINTER_TYPES`) are part of the contract too: under the interpreter
 :func:`launch` checks that the tensors passed have them, so the AOT signature cannot drift from the
@@ -15,23 +16,19 @@ real launch.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
 
 import torch
 import triton
 
+from kernels.common import aot
+from kernels.common import launch as common
+from kernels.common.launch import IN, MARGIN, MIN_DOT, TRITON_TYPES, LaunchConfig
+from kernels.flashcur import backward, forward
+
 SUPPORTED_M = (16, 32, 64, 128)
-MIN_DOT = 16  # smallest tl.dot operand dimension a GPU accepts
+CHECKED_CAPABILITIES = (80, 90)  # where REGISTER_TILES was measured; tests/test_aot_compile.py compiles for both
+FLOAT_ARGS = ("qk_scale", "sm_scale")  # the kernels' float scalars (every other scalar is an i32)
 
-# Largest dynamic shared memory one block may use (the opt-in maximum), bytes, per compute capability.
-# sm_80 and sm_90 are compiled and checked by tests/test_aot_compile.py; the others use the same rule.
-SHARED_MEMORY_LIMIT = {
-    70: 98_304, 75: 65_536, 80: 167_936, 86: 101_376, 87: 167_936, 89: 101_376, 90: 232_448, 100: 232_448, 120: 101_376,
-}
-CHECKED_CAPABILITIES = (80, 90)
-MARGIN = 2_048  # bytes kept free below the limit for what the estimate does not count (barriers, reductions)
-
-IN = "in"  # pointer to tensors of the input dtype (q, k, v, and the output / its gradient)
 POINTER_TYPES = {
     "_rv_fwd": {"QI": IN, "K": IN, "V": IN, "MASK": "*u8", "RV": "*fp32", "LSE": "*fp32"},
     "_u_fwd": {"QI": IN, "KJ": IN, "VALIDK": "*u8", "U": "*fp32"},
@@ -49,33 +46,16 @@ POINTER_TYPES = {
     },
 }
 KERNELS = tuple(POINTER_TYPES)
-TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.uint8: "u8", torch.int32: "i32"}
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Compile-time parameters of one launch: constexpr values and the two Triton options."""
-
-    constexprs: dict = field(hash=False)
-    num_warps: int
-    num_stages: int
-
-    @property
-    def options(self) -> dict:
-        return {**self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages}
 
 
 def kernel_function(kernel: str):
-    """The ``@triton.jit`` function named ``kernel`` (imported late: the kernel modules import this one)."""
-    from kernels import flashcur, flashcur_bwd
-
-    return getattr(flashcur, kernel, None) or getattr(flashcur_bwd, kernel)
+    """The ``@triton.jit`` function named ``kernel`` (:mod:`kernels.flashcur.forward` or ``.backward``)."""
+    return getattr(forward, kernel, None) or getattr(backward, kernel)
 
 
 def pointer_types(kernel: str, dtype: torch.dtype) -> dict[str, str]:
     """Triton pointer types (``*fp32`` …) of ``kernel``'s tensor arguments for inputs of ``dtype``."""
-    element = "*" + TRITON_TYPES[dtype]
-    return {name: element if kind == IN else kind for name, kind in POINTER_TYPES[kernel].items()}
+    return common.pointer_types(POINTER_TYPES[kernel], dtype)
 
 
 def check_head_dim(d: int) -> None:
@@ -118,7 +98,7 @@ KIND = {"_rv_fwd": "rows", "_rv_bwd_q": "rows", "_out_bwd_kw": "rows", "_u_fwd":
 
 # Per kernel: which tiles are dot operands (staged through shared memory), as (rows, cols, float32?,
 # twice under TF32?). float32: the tensor is float32 (W, RV, their gradients, probabilities) or is cast
-# to float32 for an IEEE dot with one (:func:`kernels.flashcur._mm32`), whatever the input dtype.
+# to float32 for an IEEE dot with one (:func:`kernels.flashcur.forward.mm32`), whatever the input dtype.
 # Twice: used both as a dot's B and as its Bᵀ; with TF32 (32-bit tensor-core operands, which cannot
 # be transposed on load) Triton stages a second, transposed copy. "fixed" tiles are loaded once per
 # program; "loop" tiles once per iteration of the kernel's loop (pipelined: num_stages - 1 copies in
@@ -241,23 +221,10 @@ def _candidates(kernel: str, sizes: dict[str, int], m: int, operand_class: str):
 
 
 def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, operand_bytes: int, tf32: bool = False) -> int:
-    """Bytes of shared memory ``kernel`` stages its dot operands through (see :data:`TILES`).
-
-    ``operand_bytes`` is 4 when the dots run in float32 (``F32_DOT``), else 2; float32 tiles are
-    always 4; ``tf32``: the dots run on tensor cores in TF32 (transposed second copies).
-    """
-    tiles = TILES[kernel]
-
-    def total(group: str) -> int:
-        return sum(sizes[r] * sizes[c] * (4 if f32 else operand_bytes) * (2 if twice and tf32 else 1)
-                   for r, c, f32, twice in tiles.get(group, []))
-
-    return total("fixed") + max(num_stages - 1, 1) * total("loop") + total("scratch")
-
-
-def shared_memory_limit(capability: int) -> int:
-    """Opt-in shared memory per block of ``sm_<capability>``; an unknown one gets the smallest recent (sm_86's)."""
-    return SHARED_MEMORY_LIMIT.get(capability, SHARED_MEMORY_LIMIT[86])
+    """Bytes of shared memory ``kernel`` stages its dot operands through (:data:`TILES`; pipelined loop
+    tiles count ``num_stages - 1`` times). ``operand_bytes`` is 4 when the dots run in float32
+    (``F32_DOT``), else 2; ``tf32``: the dots run on tensor cores in TF32 (transposed second copies)."""
+    return common.shared_memory_estimate(TILES[kernel], sizes, max(num_stages - 1, 1), operand_bytes, tf32)
 
 
 def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False) -> LaunchConfig:
@@ -270,26 +237,23 @@ def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capab
     for sm_80 and sm_90 and checks shared memory and spills. Raises ``ValueError`` naming
     ``attention.num_landmarks`` and the head dim when nothing fits.
     """
-    from kernels.flashcur import interpreted
-
     fn = kernel_function(kernel)
     sizes = block_sizes(n, m, d)
-    f32_dot = dtype == torch.float32 or interpreted()
-    precision = "tf32" if tf32 and not interpreted() else "ieee"
-    limit = shared_memory_limit(capability) - MARGIN
+    dots = common.dot_constexprs(dtype, tf32)
+    limit = common.shared_memory_limit(capability) - MARGIN
     for block_n, block_m, warps, stages in _candidates(kernel, sizes, m, operands(dtype, tf32)):
         tried = {**sizes, "BLOCK_N": block_n, "BLOCK_M": block_m, "M": m}
-        if shared_memory_estimate(kernel, tried, stages, 4 if f32_dot else 2, tf32=precision == "tf32") <= limit:
+        if shared_memory_estimate(kernel, tried, stages, 4 if dots["F32_DOT"] else 2, tf32=dots["PRECISION"] == "tf32") <= limit:
             break
     else:
         raise ValueError(
             f"FlashCUR cannot run m = {m} selected rows (attention.num_landmarks) with head_dim {d} in "
             f"{TRITON_TYPES[dtype]} on sm_{capability}: kernel {kernel} needs more than the "
-            f"{shared_memory_limit(capability):,} bytes of shared memory a block may use even with 16-row tiles. "
+            f"{common.shared_memory_limit(capability):,} bytes of shared memory a block may use even with 16-row tiles. "
             "Lower attention.num_landmarks, use a smaller head dim (model.d_model / model.num_heads), train in "
             "bf16 (trainer.precision=bf16-mixed), or use attention=curformer"
         )
-    values = {**tried, "F32_DOT": f32_dot, "PRECISION": precision}
+    values = {**tried, **dots}
     constexprs = {name: value for name, value in values.items() if name in fn.arg_names and _is_constexpr(fn, name)}
     return LaunchConfig(constexprs, num_warps=warps, num_stages=stages)
 
@@ -305,23 +269,19 @@ def _is_constexpr(fn, name: str) -> bool:
     return "constexpr" in str(inspect.signature(fn.fn).parameters[name].annotation)
 
 
-def device_capability(device: torch.device) -> int:
-    """``major * 10 + minor`` of a CUDA device; 80 for CPU tensors (the interpreter ignores it)."""
-    if device.type != "cuda":
-        return 80
-    major, minor = torch.cuda.get_device_capability(device)
-    return major * 10 + minor
+def config(kernel: str, n: int, m: int, d: int, like: torch.Tensor) -> LaunchConfig:
+    """:func:`launch_config` for inputs like ``like`` on its device (TF32 as torch allows)."""
+    capability = common.device_capability(like.device)
+    return launch_config(kernel, n, m, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32)
 
 
 def launch(kernel: str, grid, config: LaunchConfig, *args) -> None:
-    """``kernel[grid](*args, **config)``; under the interpreter, first check the pointer types against
-    :data:`POINTER_TYPES` (the AOT test compiles with those)."""
-    from kernels.flashcur import interpreted
+    """``kernel[grid](*args, **config.options)``; under the interpreter the tensors' types are checked
+    against :data:`POINTER_TYPES` first (the AOT test compiles with those)."""
+    common.launch(kernel_function(kernel), grid, config, POINTER_TYPES[kernel], *args)
 
-    fn = kernel_function(kernel)
-    if interpreted():
-        dtypes = {name: arg.dtype for name, arg in zip(fn.arg_names, args) if isinstance(arg, torch.Tensor)}
-        found = {name: "*" + TRITON_TYPES[dtype] for name, dtype in dtypes.items()}
-        expected = pointer_types(kernel, dtypes[next(iter(POINTER_TYPES[kernel]))])
-        assert found == expected, f"{kernel}: pointer types {found} differ from kernels.launch.POINTER_TYPES {expected}"
-    fn[grid](*args, **config.options)
+
+def compile_kernel(kernel: str, capability: int, dtype: torch.dtype, n: int, m: int, d: int, tf32: bool = False) -> aot.Compiled:
+    """AOT-compile ``kernel`` for ``sm_<capability>`` with the launch parameters for ``(n, m, d, dtype)``."""
+    config = launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
+    return aot.compile_jit(kernel_function(kernel), capability, config, pointer_types(kernel, dtype), FLOAT_ARGS, name=kernel)

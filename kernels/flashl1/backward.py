@@ -1,6 +1,6 @@
 """FlashL1 backward (EcoTransformer L1 attention, Gao & Xu 2025, eq. 1): tiles recomputed from ``q, k, L``.
 
-Notation of :mod:`kernels.flashl1`: ``S_ij = −λ‖q_i − k_j‖₁/√d`` (−inf on pad keys), ``P = softmax(S)``,
+Notation of :mod:`kernels.flashl1.forward`: ``S_ij = −λ‖q_i − k_j‖₁/√d`` (−inf on pad keys), ``P = softmax(S)``,
 ``Y = P V``, ``L`` the row log-sum-exp saved by the forward. Given ``dY`` and ``Δ_i = rowsum(dY ⊙ Y)_i``::
 
     P_ij  = exp(S_ij − L_i)                         (recomputed tile by tile, never stored)
@@ -14,19 +14,17 @@ Notation of :mod:`kernels.flashl1`: ``S_ij = −λ‖q_i − k_j‖₁/√d`` (�
 that each recompute ``Pᵀ`` and ``dSᵀ``), looping over query tiles, gives ``dK, dV``; ``_l1_bwd_q``: one
 program per tile of ``BLOCK_M`` queries, looping over key tiles, gives ``dQ``. ``dY Vᵀ`` and ``Pᵀ dY`` are
 ``tl.dot``s; the sign sums are float32, column by column of ``d`` (:func:`_sign_sum`). No n × n tensor
-is stored; gradients are written in the inputs' dtype, ``Δ`` (``(B, H, n)`` float32) is computed by PyTorch.
+is stored; gradients are written in the inputs' dtype, ``Δ`` (``(B, H, n)`` float32) is computed by PyTorch
+in :func:`kernels.flashl1.launch.l1_backward`, which launches both kernels.
 """
 
 from __future__ import annotations
 
-import math
-
-import torch
 import triton
 import triton.language as tl
 
-from kernels.flashcur import _mm
-from kernels.flashl1 import LOG2E, _dot_zeros, _l1_tile, config, launch
+from kernels.common.launch import mm
+from kernels.flashl1.forward import dot_zeros, l1_tile
 
 
 @triton.jit
@@ -73,7 +71,7 @@ def _l1_bwd_kv(
     columns = tl.minimum(D - first, BLOCK_DO)
     dk = tl.zeros([BLOCK_N, BLOCK_DO], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DO], tl.float32)
-    zero = _dot_zeros(BLOCK_N, BLOCK_M)
+    zero = dot_zeros(BLOCK_N, BLOCK_M)
     for start in range(0, N, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         m_ok = offs_m < N
@@ -81,15 +79,15 @@ def _l1_bwd_kv(
         do = tl.load(g_base + offs_m[:, None] * stride_gn + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
         lse = tl.load(LSE + pid_bh * N + offs_m, mask=m_ok, other=0.0)
         delta = tl.load(DELTA + pid_bh * N + offs_m, mask=m_ok, other=0.0)
-        dist_t = _l1_tile(zero, k_rows, q_rows, n_ok, m_ok, D)  # (BLOCK_N, BLOCK_M)
+        dist_t = l1_tile(zero, k_rows, q_rows, n_ok, m_ok, D)  # (BLOCK_N, BLOCK_M)
         p_t = tl.where(real[:, None] & m_ok[None, :], tl.exp2(dist_t * score_scale - lse[None, :]), 0.0)
         if BLOCK_DO == BLOCK_D:
             do_out = do
         else:
             do_out = tl.load(g_base + offs_m[:, None] * stride_gn + offs_o[None, :], mask=m_ok[:, None] & o_ok[None, :],
                              other=0.0)
-        dv += _mm(p_t, do_out, F32_DOT, PRECISION)
-        ds_t = p_t * (_mm(v, tl.trans(do), F32_DOT, PRECISION) - delta[None, :])
+        dv += mm(p_t, do_out, F32_DOT, PRECISION)
+        ds_t = p_t * (mm(v, tl.trans(do), F32_DOT, PRECISION) - delta[None, :])
         dk = _sign_sum(dk, ds_t, k_rows + first, q_rows + first, n_ok, m_ok, columns, BLOCK_DO)
     out = pid_bh * N * D + offs_n[:, None] * D + offs_o[None, :]
     tile_ok = n_ok[:, None] & o_ok[None, :]
@@ -122,34 +120,16 @@ def _l1_bwd_q(
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    zero = _dot_zeros(BLOCK_M, BLOCK_N)
+    zero = dot_zeros(BLOCK_M, BLOCK_N)
     for start in range(0, N, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         real = tl.load(MASK + b * stride_mb + offs_n, mask=n_ok, other=0) != 0
         k_rows = k_base + offs_n * stride_kn
-        dist = _l1_tile(zero, q_rows, k_rows, m_ok, n_ok, D)
+        dist = l1_tile(zero, q_rows, k_rows, m_ok, n_ok, D)
         p = tl.where(real[None, :], tl.exp2(dist * score_scale - lse[:, None]), 0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        ds = p * (_mm(do, tl.trans(v), F32_DOT, PRECISION) - delta[:, None])
+        ds = p * (mm(do, tl.trans(v), F32_DOT, PRECISION) - delta[:, None])
         dq = _sign_sum(dq, ds, q_rows, k_rows, m_ok, n_ok, D, BLOCK_D)
     tl.store(DQ + pid_bh * N * D + offs_m[:, None] * D + offs_d[None, :], (dq * grad_scale).to(DQ.dtype.element_ty),
              mask=m_ok[:, None] & d_ok[None, :])
-
-
-def l1_backward(q, k, v, key_mask, out, lse, d_out, lam: float):
-    """``(dq, dk, dv)`` ``(B, H, n, d)`` in the inputs' dtype; ``out, lse`` from :func:`kernels.flashl1.l1_forward`."""
-    B, H, n, d = q.shape
-    delta = (d_out.float() * out.float()).sum(-1)  # Δ (B, H, n)
-    mask = key_mask.to(torch.uint8)
-    dq, dk, dv = (torch.empty(B, H, n, d, device=q.device, dtype=q.dtype) for _ in range(3))
-    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *d_out.stride()[:3], mask.stride(0), H, n, d,
-              -lam * LOG2E / math.sqrt(d), -lam / math.sqrt(d))
-    cfg = config("_l1_bwd_kv", n, d, q)
-    parts = cfg.constexprs["BLOCK_D"] // cfg.constexprs["BLOCK_DO"]
-    launch("_l1_bwd_kv", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"]) * parts), cfg,
-           q, k, v, mask, d_out, lse, delta, dk, dv, *common)
-    cfg = config("_l1_bwd_q", n, d, q)
-    launch("_l1_bwd_q", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_M"])), cfg,
-           q, k, v, mask, d_out, lse, delta, dq, *common)
-    return dq, dk, dv
