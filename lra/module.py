@@ -103,8 +103,37 @@ class LRAModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+# Keys of an attention config node that describe it but are not constructor arguments.
+DESCRIPTIVE_KEYS = ("name",)
+
+
+def attention_factory(node) -> Callable[..., nn.Module]:
+    """The attention config node (``configs/attention/*.yaml``, ``_partial_: true``) instantiated into a
+    factory ``factory(num_heads=, head_dim=) -> nn.Module``: the one place attention configs become objects.
+
+    The node is resolved against the whole run config first (nodes may interpolate ``${task.max_length}``);
+    its descriptive ``name`` is dropped. The head layout is supplied by the model, not by the config.
+    """
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    if "_target_" not in node:
+        raise ValueError(
+            f"attention config has no _target_ (keys: {sorted(node.keys())}); "
+            "pick one of configs/attention/*.yaml, e.g. attention=softmax"
+        )
+    container = OmegaConf.to_container(node, resolve=True)
+    return instantiate({key: value for key, value in container.items() if key not in DESCRIPTIVE_KEYS}, _partial_=True)
+
+
+def build_attention(node, num_heads: int, head_dim: int) -> nn.Module:
+    """One attention module of ``num_heads`` heads of size ``head_dim`` from its config node."""
+    return attention_factory(node)(num_heads=num_heads, head_dim=head_dim)
+
+
 def build_model(cfg) -> nn.Module:
-    """The task's classifier with the configured attention: ``cfg.model`` is a ``_partial_`` encoder config."""
+    """The task's classifier with the configured attention: ``cfg.model`` is a ``_partial_`` encoder config,
+    ``cfg.attention`` becomes the factory that every block calls (:func:`attention_factory`)."""
     from hydra.utils import instantiate
 
     encoder = instantiate(cfg.model)
@@ -112,7 +141,7 @@ def build_model(cfg) -> nn.Module:
         vocab_size=cfg.task.vocab_size,
         max_length=cfg.task.max_length,
         num_classes=cfg.task.num_classes,
-        attention=cfg.attention,
+        attention=attention_factory(cfg.attention),
         head=instantiate(cfg.task.head),
     )
 

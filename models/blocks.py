@@ -7,21 +7,21 @@ named scalar losses to ``aux_losses``, which the LightningModule sums into the l
 
 from __future__ import annotations
 
-import torch
-from omegaconf import DictConfig
-from torch import nn
+from typing import Callable
 
-from attention import build_attention
+import torch
+from torch import nn
 
 
 class MultiHeadAttention(nn.Module):
     """Projections ``q_proj, k_proj, v_proj, out_proj`` around a drop-in variant ``attend``.
 
     The projection names and shapes are the same for every variant, so a checkpoint trained with
-    one variant loads into another (direct weight transfer).
+    one variant loads into another (direct weight transfer). ``attention(num_heads=, head_dim=)`` builds
+    the variant (a factory: ``lra.module.attention_factory`` of the attention config).
     """
 
-    def __init__(self, d_model: int, num_heads: int, attention: DictConfig):
+    def __init__(self, d_model: int, num_heads: int, attention: Callable[..., nn.Module]):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"model.d_model={d_model} is not divisible by model.num_heads={num_heads}")
@@ -31,7 +31,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.attend = build_attention(attention, num_heads, self.head_dim)
+        self.attend = attention(num_heads=num_heads, head_dim=self.head_dim)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, n, d_model) -> (B, H, n, head_dim)."""
@@ -48,7 +48,7 @@ class TransformerBlock(nn.Module):
 
     attention_class = MultiHeadAttention  # subclasses swap in their own multi-head wrapper
 
-    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention: DictConfig):
+    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention: Callable[..., nn.Module]):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
         self.attn = self.attention_class(d_model, num_heads, attention)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from models.pooling import masked_mean
@@ -19,8 +18,9 @@ from models.pooling import masked_mean
 class Encoder(nn.Module):
     """Token + learned positional embedding, ``num_layers`` blocks, final LayerNorm, pooling, head.
 
-    ``block`` and ``head`` are factories (Hydra ``_partial_`` configs); ``attention`` is the composed
-    attention config node handed to every block. ``forward`` returns ``(logits, aux_losses)``.
+    ``block``, ``head`` and ``attention`` are factories (Hydra ``_partial_`` configs, built by
+    ``lra.module.build_model``); ``attention(num_heads=, head_dim=)`` builds one attention module and is
+    handed to every block. ``forward`` returns ``(logits, aux_losses)``.
     ``embedding_init_std``: token and position embeddings start N(0, std²) (the reference LRA code's
     0.02); ``None`` keeps PyTorch's N(0, 1). ``learned_positions=False`` drops the absolute position
     embedding (MEGA's LRA encoder has none). ``pooling(x, key_mask) -> (B, d)`` (models/pooling.py).
@@ -32,7 +32,7 @@ class Encoder(nn.Module):
         vocab_size: int,
         max_length: int,
         num_classes: int,
-        attention: DictConfig,
+        attention: Callable[..., nn.Module],
         block: Callable[..., nn.Module],
         head: Callable[..., nn.Module],
         d_model: int = 64,

@@ -30,9 +30,10 @@ Chunking (``chunk_size`` c, MEGA-chunk): the sequence is padded to a multiple of
 runs inside each chunk (positions restart at 0 in each chunk), cost O(n c); the EMA still spans
 the whole sequence. With c ≥ n it equals unchunked attention. ``chunk_size: null`` = one chunk.
 
-``attention_function`` (``softmax`` | ``laplace`` | null) replaces the attention node's score
-function (null keeps it): MEGA's ``--attention-activation-fn`` is a per-task model setting, and
-``configs/model/mega.yaml`` takes it from ``mega_protocol`` (``experiment=cur_table1``).
+``attention`` is the attention factory (``attention(num_heads=1, head_dim=z_dim)``, see
+``lra.module.attention_factory``). ``attention_function`` (``softmax`` | ``laplace`` | null) is handed to
+it as ``function=`` (null keeps the attention config's): MEGA's ``--attention-activation-fn`` is a
+per-task model setting (``configs/mega_protocol/<task>.yaml``).
 
 The block is single-head: ``model.num_heads`` must be 1. Initialisation follows the reference code
 (N(0, 0.02²) weights, zero biases, γ ~ N(0, 0.02²), β = 0).
@@ -40,16 +41,17 @@ The block is single-head: ``model.num_heads`` must be 1. Initialisation follows 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from attention import build_attention
+from attention.mega import Laplace, Softmax
 from models.ema import BidirectionalEMA
 
 NORMS = ("layer", "scale", "batch")
-FUNCTIONS = {"softmax": "attention.mega.Softmax", "laplace": "attention.mega.Laplace"}
+FUNCTIONS = {"softmax": Softmax, "laplace": Laplace}
 
 
 class ScaleNorm(nn.Module):
@@ -92,19 +94,13 @@ def apply_norm(norm: nn.Module, x: torch.Tensor, key_mask: torch.Tensor) -> torc
     return norm(x, key_mask) if isinstance(norm, MaskedBatchNorm) else norm(x)
 
 
-def with_function(attention: DictConfig, function: str | None) -> DictConfig:
-    """The attention node with its score function replaced by ``function`` (None: unchanged)."""
+def function_arguments(function: str | None) -> dict[str, nn.Module]:
+    """The keyword arguments that make the attention factory use ``function`` (none for None)."""
     if function is None:
-        return attention
+        return {}
     if function not in FUNCTIONS:
         raise ValueError(f"model.block.attention_function must be null, 'softmax' or 'laplace', got {function!r}")
-    if "function" not in attention:
-        raise ValueError(
-            f"model.block.attention_function={function!r} needs a MEGA attention node with a `function` "
-            f"(attention=mega or attention=megacur), got attention._target_={attention.get('_target_')}")
-    node = OmegaConf.create(OmegaConf.to_container(attention, resolve=True))
-    node.function = {"_target_": FUNCTIONS[function]}
-    return node
+    return {"function": FUNCTIONS[function]()}
 
 
 class MegaBlock(nn.Module):
@@ -116,7 +112,7 @@ class MegaBlock(nn.Module):
         num_heads: int,
         ffn_dim: int,
         dropout: float,
-        attention: DictConfig,
+        attention: Callable[..., nn.Module],
         z_dim: int = 32,
         hidden_dim: int = 128,
         ndim: int = 16,
@@ -146,7 +142,14 @@ class MegaBlock(nn.Module):
         self.h_proj = nn.Linear(hidden_dim, d_model)
         self.qk_gamma = nn.Parameter(torch.randn(2, z_dim) * 0.02)
         self.qk_beta = nn.Parameter(torch.zeros(2, z_dim))
-        self.attend = build_attention(with_function(attention, attention_function), num_heads=1, head_dim=z_dim)
+        try:
+            self.attend = attention(num_heads=1, head_dim=z_dim, **function_arguments(attention_function))
+        except TypeError as error:
+            if attention_function is None:
+                raise
+            raise ValueError(
+                f"model.block.attention_function={attention_function!r} needs a MEGA attention with a `function` "
+                f"(attention=mega or attention=megacur): {error}") from error
         self.ffn_norm = sequence_norm(d_model, norm)
         self.ffn = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.SiLU(), nn.Dropout(hidden_dropout), nn.Linear(ffn_dim, d_model))
         self.dropout = nn.Dropout(dropout)

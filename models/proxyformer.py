@@ -14,9 +14,9 @@ out_proj``), so a softmax checkpoint loads with only ``proxies`` and ``*.landmar
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from attention.proxyformer import ProxyAttention
@@ -27,7 +27,7 @@ from models.encoder import Encoder
 class ProxyMultiHeadAttention(MultiHeadAttention):
     """``q_proj, k_proj, v_proj, out_proj`` over the input rows plus ``landmark_proj`` (W_L) over the proxies."""
 
-    def __init__(self, d_model: int, num_heads: int, attention: DictConfig):
+    def __init__(self, d_model: int, num_heads: int, attention: Callable[..., nn.Module]):
         super().__init__(d_model, num_heads, attention)
         if not isinstance(self.attend, ProxyAttention):
             raise ValueError(
@@ -66,7 +66,7 @@ class ProxyEncoder(Encoder):
     ``model.embedding_init_std``) and get no positional embedding.
     """
 
-    def __init__(self, *args, attention: DictConfig, block, **kwargs):
+    def __init__(self, *args, attention: Callable[..., nn.Module], block, **kwargs):
         super().__init__(*args, attention=attention, block=block, **kwargs)
         first = self.blocks[0]
         if not isinstance(first, ProxyBlock):

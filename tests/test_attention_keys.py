@@ -8,9 +8,8 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from attention import build_attention
 from attention.linear import DeltaRuleAttention
-from lra.module import build_model
+from lra.module import build_attention, build_model
 from tests.attention_reference import padded_mask, random_qkv
 from tests.tolerances import tolerance
 from tests.conftest import compose_config

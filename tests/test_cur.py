@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from attention import build_attention
 from attention.cur import CURAttention, cur_attention
 from attention.scores import L1Score, SoftmaxScore
 from attention.selection import select_indices
+from lra.module import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
     bf16_training_step,

@@ -6,8 +6,7 @@ import math
 
 import torch
 
-from attention import build_attention
-from lra.module import build_model
+from lra.module import build_attention, build_model
 from tests.conftest import compose_config
 
 

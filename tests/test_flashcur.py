@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import attention.flashcur  # noqa: F401  (defines the kernels now, from this process's environment)
-from attention import build_attention
 from kernels.flashcur.launch import block_sizes
+from lra.module import build_attention
 from tests.conftest import compose_config, run_cli
 
 INTERPRETER_ENV = {"TRITON_INTERPRET": "1"}

@@ -9,10 +9,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention.scores
-from attention import build_attention, l1_cpu
+from attention import l1_cpu
 from attention.l1 import L1Attention
 from attention.l1_cpu import L1AttentionFunction
 from attention.scores import L1Distance, L1Score
+from lra.module import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
     bf16_training_step,

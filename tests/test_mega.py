@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from attention.mega import CUR, Exact, Laplace, MegaAttention, Softmax
 from lra.checkpoints import load_transferred_weights
@@ -93,11 +93,8 @@ def test_megacur_equals_mega_when_every_real_token_is_selected(function):
 
 
 def block(chunk_size, function="softmax", approximation=None, seed=0) -> MegaBlock:
-    attention = OmegaConf.create({
-        "_target_": "attention.mega.MegaAttention", "_partial_": True, "max_positions": MAX_POS,
-        "function": {"_target_": f"attention.mega.{'Softmax' if function == 'softmax' else 'Laplace'}"},
-        "approximation": approximation or {"_target_": "attention.mega.Exact"},
-    })
+    attention = partial(MegaAttention, max_positions=MAX_POS, function=Softmax() if function == "softmax" else Laplace(),
+                        approximation=approximation() if approximation else Exact())
     torch.manual_seed(seed)
     return MegaBlock(8, 1, 16, 0.1, attention, z_dim=4, hidden_dim=8, ndim=3, chunk_size=chunk_size).double().eval()
 
@@ -126,7 +123,7 @@ def test_chunks_attend_within_themselves_with_local_positions():
             torch.testing.assert_close(got[:, part][rows], expected[rows], atol=1e-12, rtol=0)
 
 
-CUR_NODE = {"_target_": "attention.mega.CUR", "num_landmarks": 4}
+CUR_NODE = partial(CUR, num_landmarks=4)
 
 
 @pytest.mark.parametrize("chunk_size,approximation", [(None, None), (4, None), (None, CUR_NODE), (4, CUR_NODE)])

@@ -16,12 +16,12 @@ from omegaconf import OmegaConf
 
 from lra import REPO_ROOT
 from lra.analysis.comparability import comparability
-from lra.module import build_model
+from lra.module import attention_factory, build_model
 from models.ema import BidirectionalEMA
 from models.mega import MaskedBatchNorm, MegaBlock, ScaleNorm, sequence_norm
 from tests.conftest import CONFIG_DIR, compose_config
 
-PUBLISHED = yaml.safe_load((REPO_ROOT / "lra" / "published.yaml").read_text())
+PUBLISHED = yaml.safe_load((REPO_ROOT / "lra" / "analysis" / "published.yaml").read_text())
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 
 
@@ -72,14 +72,14 @@ def test_scale_norm_and_masked_batch_norm():
 
 
 def attention_node(function: str = "softmax", cur: bool = False):
-    """The composed attention node of attention=mega / megacur (m = 64 >= the n used here)."""
+    """The attention factory of attention=mega / megacur (m = 64 >= the n used here)."""
     cfg = compose_config([f"attention={'megacur' if cur else 'mega'}", "task=listops"])
     node = OmegaConf.create(OmegaConf.to_container(cfg.attention, resolve=True))
     node.function = {"_target_": f"attention.mega.{function.capitalize()}"}
     iters = "pinv_iters" if "pinv_iters" in node else None
     if cur:  # enough Newton-Schulz iterations for an exact inverse of U
         (node if iters else node.approximation).pinv_iters = 40
-    return node
+    return attention_factory(node)
 
 
 def mega_block(norm: str, prenorm: bool, cur: bool = False, function: str = "softmax", **options) -> MegaBlock:
@@ -115,7 +115,7 @@ def test_hidden_dropout_and_attention_dropout_keys():
 @pytest.mark.parametrize("norm,prenorm,function", [("layer", False, "softmax"), ("scale", False, "softmax"),
                                                   ("batch", True, "laplace")])
 def test_megacur_equals_mega_in_every_protocol_block(norm, prenorm, function):
-    """m >= n_real: MegaCUR selects every real token and reproduces MEGA (CUR paper §6; DESIGN §2)."""
+    """m >= n_real: MegaCUR selects every real token and reproduces MEGA (CUR paper §6; docs/design.md §2, "MEGA and MegaCUR")."""
     options = {"ema_truncation": 6, "ema_shift": True}
     mega = mega_block(norm, prenorm, function=function, **options).eval()
     megacur = mega_block(norm, prenorm, cur=True, function=function, **options).eval()
@@ -161,6 +161,48 @@ def test_cur_table1_composes_megas_protocol_for_the_mega_rows(task, attention):
     assert (cfg.model.block.hidden_dropout, cfg.model.block.ema_truncation, cfg.model.block.ema_shift) == (0.0, 1024, True)
     assert (cfg.scheduler.max_lr, cfg.task.datamodule.batch_size, cfg.trainer.max_steps) == (want["lr"], want["batch"], want["steps"])
     assert (list(cfg.optimizer.betas), cfg.optimizer.eps, cfg.trainer.gradient_clip_val) == ([0.9, 0.98], 1e-8, 1.0)
+
+
+# The rest of MEGA's recipe per task ([cmd]: --weight-decay, --warmup-updates; eval once per epoch; classifier_out_dim).
+RECIPE = {
+    "listops": dict(wd=0.01, warmup=3000, eval=1500, head=160, std=0.1118),
+    "text": dict(wd=0.01, warmup=10000, eval=500, head=256, std=0.0884),
+    "retrieval": dict(wd=0.04, warmup=10000, eval=2298, head=256, std=0.0884),
+    "image": dict(wd=0.02, warmup=9000, eval=900, head=320, std=0.0791),
+    "pathfinder": dict(wd=0.01, warmup=50000, eval=1250, head=256, std=0.0884),
+}
+
+
+def test_one_protocol_file_per_task():
+    files = sorted(path.stem for path in (REPO_ROOT / "configs" / "mega_protocol").glob("*.yaml"))
+    assert files == sorted(TASKS)
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("overrides", [["experiment=mega_lra"], ["experiment=mega_lra", "attention=megacur"],
+                                       ["attention=mega", "model=mega_lra"]])
+def test_mega_lra_composes_the_tasks_protocol_file(task, overrides):
+    cfg = compose_config([*overrides, f"task={task}"])
+    want, recipe = MEGA[task], RECIPE[task]
+    assert (cfg.model.num_layers, cfg.model.d_model, cfg.model.ffn_dim, cfg.model.block.z_dim, cfg.model.block.hidden_dim) == (
+        want["layers"], want["d"], want["hidden"], want["z"], want["hidden"])
+    assert (cfg.model.block.norm, cfg.model.block.prenorm, cfg.model.block.attention_function) == (
+        want["norm"], want["prenorm"], want["fn"].lower())
+    assert (cfg.model.learned_positions, cfg.model.final_norm.kind, cfg.model.embedding_init_std) == (
+        False, want["norm"] if want["prenorm"] else None, recipe["std"])
+    assert (cfg.model.dropout, cfg.model.block.ndim, cfg.model.block.chunk_size) == (0.0 if want["prenorm"] else 0.1, 16, None)
+    assert (cfg.model.block.hidden_dropout, cfg.model.block.ema_truncation, cfg.model.block.ema_shift) == (0.0, 1024, True)
+    assert (cfg.optimizer.lr, cfg.scheduler.max_lr, cfg.optimizer.weight_decay) == (want["lr"], want["lr"], recipe["wd"])
+    assert math.isclose(cfg.scheduler.max_lr / cfg.scheduler.div_factor, 1e-7) and cfg.scheduler.cycle_momentum is False
+    assert (cfg.task.batch_size, cfg.task.datamodule.batch_size, cfg.trainer.max_steps, cfg.task.warmup_steps) == (
+        want["batch"], want["batch"], want["steps"], recipe["warmup"])
+    assert (cfg.trainer.val_check_interval, cfg.task.head.hidden_dim) == (recipe["eval"], recipe["head"])
+    assert (list(cfg.optimizer.betas), cfg.optimizer.eps, cfg.trainer.gradient_clip_val) == ([0.9, 0.98], 1e-8, 1.0)
+
+
+def test_a_task_without_a_mega_protocol_is_an_error():
+    with pytest.raises(Exception, match="mega_protocol"):
+        compose_config(["experiment=mega_lra", "task=listops_small"])
 
 
 @pytest.mark.parametrize("task", ["listops", "image"])

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import build_attention
 from attention.nystrom import NystromAttention, SequenceConv, segment_means
+from lra.module import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
     bf16_training_step,

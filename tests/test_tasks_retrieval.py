@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from lra.module import attention_factory
 from lra.tasks.retrieval import RetrievalDataModule
 from models.encoder import Encoder
 from models.heads import PairHead
@@ -92,7 +93,7 @@ def test_pair_head_classifies_a_b_product_and_difference():
 def test_one_shared_encoder_encodes_both_documents():
     cfg = compose_config(["task=retrieval"])
     torch.manual_seed(0)
-    model = Encoder(vocab_size=257, max_length=16, num_classes=2, attention=cfg.attention,
+    model = Encoder(vocab_size=257, max_length=16, num_classes=2, attention=attention_factory(cfg.attention),
                     block=instantiate(cfg.model.block),
                     head=PairHead, d_model=8, num_heads=2, num_layers=1, ffn_dim=16).eval()
     ids = torch.randint(1, 257, (2, 2, 16))

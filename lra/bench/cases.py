@@ -3,7 +3,7 @@
 Two levels, chosen per variant without naming any:
 
 * ``core`` — a drop-in variant (its config leaves ``cfg.model`` as the softmax baseline composes
-  it): the attention module of ``attention.build_attention`` called as ``attn(q, k, v, key_mask)``
+  it): the attention module of ``lra.module.build_attention`` called as ``attn(q, k, v, key_mask)``
   on ``(B, H, n, head_dim)`` tensors. This isolates the attention computation, as the CUR paper's
   Fig. 4 benchmark does.
 * ``layer`` — a variant that swaps the model (Proxyformer's ``[P; X]`` prefix and injection, MEGA's
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
-from attention import build_attention
+from lra.module import build_attention
 from lra.bench.common import BASELINE, Variant
 from lra.config import compose_config
 from lra.module import build_model
