@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test test-slow clean
+.PHONY: setup train test test-numerics test-slow clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,17 @@ train: setup
 # pytest exits 5 when it collected no test: treat that as the failure it is.
 test: setup
 	$(PYTHON) -m pytest -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The numerics tests (float results against references), again under one ATen SIMD level: ATen's kernels
+# sum in another order on each (ATEN_CPU_CAPABILITY = default, avx2, avx512; a CPU without it falls back),
+# so a tolerance that holds on one CPU only fails here too. .ci/run runs it with ISA=default after `make test`.
+NUMERICS_TESTS := tests/test_scores.py tests/test_attention_keys.py tests/test_pinv.py tests/test_ema.py \
+	tests/test_delta_rule.py tests/test_selection.py tests/test_proxyformer.py tests/test_cur.py \
+	tests/test_nystrom.py tests/test_l1.py tests/test_liza.py
+ISA ?= default
+
+test-numerics: setup
+	ATEN_CPU_CAPABILITY=$(ISA) $(PYTHON) -m pytest -m "not slow" $(NUMERICS_TESTS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-slow: setup
 	$(PYTHON) -m pip install --quiet -r requirements-data.txt

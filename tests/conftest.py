@@ -18,6 +18,11 @@ from lra.tasks import listops
 CONFIG_DIR = str(REPO_ROOT / "configs")
 
 
+def pytest_report_header(config) -> str:
+    """Which ATen kernels ran (ATEN_CPU_CAPABILITY picks them; ``make test-numerics ISA=...``)."""
+    return f"torch {torch.__version__}, ATen CPU capability {torch.backends.cpu.get_cpu_capability()}"
+
+
 def compose_config(overrides: list[str], output_dir: Path | str | None = None) -> DictConfig:
     """``configs/train.yaml`` composed with ``overrides``; ``paths.output_dir`` set (no Hydra runtime here)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
