@@ -90,7 +90,12 @@ def test_bench_attention_tiny(tmp_path):
         "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised",
         "speedup_fwdbwd_materialised", "flops_fwd", "flops_fwdbwd",
         "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
+        "cpu", "cpu_capability", "torch", "gpu", "gpu_capability",
     ]
+    # where the figures came from: every row names the CPU, ATen's SIMD level, the threads and the torch version
+    assert {(r["cpu"], r["cpu_capability"], r["torch"]) for r in rows} == {
+        (common.cpu_model(), torch.backends.cpu.get_cpu_capability(), torch.__version__)}
+    assert rows[0]["cpu"] and rows[0]["gpu"] == rows[0]["gpu_capability"] == ""  # CPU run: no GPU
     by_key = {(r["n"], r["level"], r["variant"]): r for r in rows}
     expected_ok = [("core", "softmax"), ("layer", "softmax"), ("core", "curformer"), ("layer", "mega"),
                    ("core", "curformer[num_landmarks=8]"), ("core", "softmax_materialised")]
@@ -162,6 +167,17 @@ def test_bench_train_tiny(tmp_path):
         assert number(row["rss_peak_bytes"]) >= number(row["rss_delta_bytes"]) > 0
     assert softmax["speed_ratio"] == softmax["mem_ratio"] == "1.0"
     assert {r["threads"] for r in rows} == {"1"}
+    assert {(r["cpu"], r["cpu_capability"], r["torch"]) for r in rows} == {
+        (common.cpu_model(), torch.backends.cpu.get_cpu_capability(), torch.__version__)}
+
+
+def test_machine_line_names_cpu_simd_threads_torch_and_gpu():
+    where = {"cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2", "threads": 2, "torch": "2.13.0+cpu",
+             "gpu": None, "gpu_capability": None}
+    assert common.machine_line(where) == "AMD EPYC 7B13, ATen AVX2, 2 threads, torch 2.13.0+cpu"
+    where.update(gpu="NVIDIA H100 80GB HBM3", gpu_capability="9.0")
+    assert common.machine_line(where).endswith("; GPU NVIDIA H100 80GB HBM3 (sm 9.0)")
+    assert common.machine(torch.device("cpu"))["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ COLUMNS = [
     "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised", "speedup_fwdbwd_materialised",
     "flops_fwd", "flops_fwdbwd",
     "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
+    *[column for column in common.MACHINE_COLUMNS if column != "threads"],
 ]
 
 
@@ -90,8 +91,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
     cases, skipped = build_cases(variants, args.level, max(args.n), args.batch, args.heads, args.head_dim, device)
-    setting = {"batch": args.batch, "head_dim": args.head_dim, "device": str(device), "dtype": args.dtype,
-               "threads": common.set_threads(args.threads)}
+    common.set_threads(args.threads)
+    where = common.machine(device)
+    print(f"[bench] {common.machine_line(where)}", flush=True)
+    setting = {"batch": args.batch, "head_dim": args.head_dim, "device": str(device), "dtype": args.dtype, **where}
     rows = []
     for n in sorted(args.n):
         for case in cases:
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                       {"saved_ratio": ("saved_bytes", False), "speedup_fwd_materialised": ("fwd_s", True),
                        "speedup_fwdbwd_materialised": ("fwdbwd_s", True)})
     common.write_csv(rows, COLUMNS, out / "attention.csv")
-    plot(ok, out / "attention.png", device)
+    plot(ok, out / "attention.png", device, common.machine_line(where))
     print(common.format_table(rows, [
         ("n", "n", str), ("level", "level", str), ("variant", "variant", str),
         ("fwd_s", "fwd ms", common.ms), ("speedup_fwd", "fwd ↑", common.times),
@@ -122,12 +125,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         ("saved_ratio", "saved / materialised", lambda v: f"{v:.3f}×"),
         ("peak_mem_bytes", "peak MiB", common.mib), ("reason", "skipped because", lambda v: v[:90]),
     ]))
-    print(f"\nwrote {out / 'attention.csv'} and {out / 'attention.png'}")
+    print(f"\nmeasured on {common.machine_line(where)}\nwrote {out / 'attention.csv'} and {out / 'attention.png'}")
     return rows
 
 
-def plot(rows: list[dict], path: Path, device: torch.device) -> Path:
-    """Log-log forward latency and memory vs n, one line per (level, variant) (the CUR paper's Fig. 4)."""
+def plot(rows: list[dict], path: Path, device: torch.device, where: str) -> Path:
+    """Log-log forward latency and memory vs n, one line per (level, variant) (the CUR paper's Fig. 4);
+    the title names the machine (``where``: :func:`lra.bench.common.machine_line`)."""
     import matplotlib
     import matplotlib.ticker
 
@@ -151,7 +155,7 @@ def plot(rows: list[dict], path: Path, device: torch.device) -> Path:
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xticks(lengths, [str(n) for n in lengths])
     right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.suptitle(f"attention benchmark on {device}")
+    fig.suptitle(f"attention benchmark on {device}: {where}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
+import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -94,6 +95,44 @@ def set_threads(threads: int | None) -> int:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+MACHINE_COLUMNS = ["cpu", "cpu_capability", "threads", "torch", "gpu", "gpu_capability"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else ``platform``), e.g. ``AMD EPYC 7B13``; a name
+    without a model number (virtual machines report ``AMD EPYC``) gets the family and model: ``AMD EPYC
+    (family 25, model 17)`` (Zen 4)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
+    except OSError:
+        fields = {}
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    if not any(char.isdigit() for char in name) and "cpu family" in fields:
+        name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    return name
+
+
+def machine(device: torch.device) -> dict:
+    """Where a figure was measured (a CSV column each, ``MACHINE_COLUMNS``): CPU model, the SIMD level ATen's
+    kernels were dispatched to (``ATEN_CPU_CAPABILITY`` lowers it), torch's thread count and version, and on
+    CUDA the GPU's name and compute capability. Call after :func:`set_threads`."""
+    gpu = gpu_capability = None
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        gpu_capability = "{}.{}".format(*torch.cuda.get_device_capability(device))
+    return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "gpu": gpu, "gpu_capability": gpu_capability}
+
+
+def machine_line(where: dict) -> str:
+    """``machine()`` in one line, for plot titles, printed tables and docs/bench.md."""
+    threads = f"{where['threads']} thread" + ("" if where["threads"] == 1 else "s")
+    line = f"{where['cpu']}, ATen {where['cpu_capability']}, {threads}, torch {where['torch']}"
+    return line + (f"; GPU {where['gpu']} (sm {where['gpu_capability']})" if where.get("gpu") else "")
 
 
 def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:

@@ -30,6 +30,7 @@ COLUMNS = [
     "task", "variant", "n", "batch", "steps", "device", "dtype", "threads", "status", "reason",
     "train_samples_per_s", "speed_ratio", "peak_mem_bytes", "mem_ratio", "infer_samples_per_s", "infer_ratio",
     "saved_bytes", "state_bytes", "rss_peak_bytes", "rss_delta_bytes", "rss_ratio", "train_step_s", "params",
+    *[column for column in common.MACHINE_COLUMNS if column != "threads"],
 ]
 RATIOS = {
     "speed_ratio": ("train_samples_per_s", False), "mem_ratio": ("peak_mem_bytes", False),
@@ -71,8 +72,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
     threads = common.set_threads(args.threads)
+    where = common.machine(device)  # the workers run on the same machine with the same thread count
+    print(f"[bench] {common.machine_line(where)}", flush=True)
     setting = {"task": args.task, "batch": args.batch, "steps": args.steps, "device": str(device), "dtype": args.dtype,
-               "threads": threads}
+               **where}
     rows = []
     for n in sorted(args.n):
         for variant in variants:
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     common.add_ratios(ok, ("n",), lambda r: r["variant"] == common.BASELINE, RATIOS)
     common.write_csv(rows, COLUMNS, out / "train.csv")
     if ok:
-        plot(ok, out / "train.png")
+        plot(ok, out / "train.png", common.machine_line(where))
     memory = "peak CUDA memory" if device.type == "cuda" else "saved-for-backward + params/grads/AdamW"
     for n in sorted(args.n):
         print(f"\n{args.task}, n = {n}, batch {args.batch}, {device} {args.dtype} (peak memory: {memory})")
@@ -99,12 +102,13 @@ def run(args: argparse.Namespace) -> list[dict]:
             ("infer_samples_per_s", "infer samples/s", lambda v: f"{v:.2f}"),
             ("reason", "skipped because", lambda v: v[:90]),
         ]))
-    print(f"\nwrote {out / 'train.csv'}" + (f" and {out / 'train.png'}" if ok else ""))
+    print(f"\nmeasured on {common.machine_line(where)}\nwrote {out / 'train.csv'}" + (f" and {out / 'train.png'}" if ok else ""))
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> Path:
-    """Bar charts of the three ratios, one group of bars per n, one bar per variant."""
+def plot(rows: list[dict], path: Path, where: str) -> Path:
+    """Bar charts of the three ratios, one group of bars per n, one bar per variant; the title names the
+    machine (``where``: :func:`lra.bench.common.machine_line`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,6 +130,7 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set(title=title, yscale="log")
     axes[0].legend(fontsize=7)
+    fig.suptitle(f"{rows[0]['task']} training benchmark on {rows[0]['device']}: {where}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
