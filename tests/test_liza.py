@@ -14,6 +14,7 @@ from attention.linear import DeltaRuleAttention, EluLinearAttention
 from attention.liza import LiZAAttention
 from attention.window import sliding_window_softmax
 from tests.conftest import compose_config, run_cli
+from tests.tolerances import tolerance
 from lra.callbacks import MemoryGateSchedule
 from lra.checkpoints import load_transferred_weights
 from lra.module import build_model, build_module
@@ -71,7 +72,9 @@ def test_sliding_window_at_least_n_is_full_softmax_across_query_blocks():
     key_mask = padded_mask(150)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
     out = sliding_window_softmax(q, k, v, key_mask, window=150)
-    assert torch.allclose(real_rows(out, key_mask), real_rows(expected, key_mask), atol=1e-5)
+    # two fp32 softmax-attentions over n = 150 keys (QKᵀ, softmax, AV), relative to the size of v
+    tol = tolerance(torch.float32, 150, reductions=3, scale=v.abs().max())
+    torch.testing.assert_close(real_rows(out, key_mask), real_rows(expected, key_mask), **tol)
 
 
 @pytest.mark.parametrize("linear", [EluLinearAttention, DeltaRuleAttention])
