@@ -6,8 +6,8 @@ hence the rounding, differs from machine to machine (fp32 softmax over 4,097 key
 1.43e-6 on AVX2). A test must hold for every order. Summing n terms with unit roundoff u (half the dtype's
 eps) errs by at most γ_n = n·u/(1 − n·u) relative to Σ|terms| in any order (Higham, *Accuracy and Stability
 of Numerical Algorithms*, 2002, §4.2); rounding errors in practice behave as independent and mean zero, so
-the error grows as λ·√n·u (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019). We take λ = 2: the measured
-errors of the tests here stay below a third of it on every instruction set.
+the error grows as λ·√n·u (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019). We take λ = 2: fp32 softmax
+over 4,097 keys errs by at most 2.7e-6 on default, AVX2 and AVX-512 kernels, a quarter of its bound 1.0e-5.
 
 On top of the sums: every elementwise operation (and the rounding of the result) adds up to one u each
 (``ELEMENTWISE_ULPS`` of them), and a function that amplifies its input's rounding adds its condition
