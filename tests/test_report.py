@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lra.analysis import report
+from lra import REPO_ROOT
+from lra.analysis import listops_cue, report
+from lra.analysis.significance import mcnemar
+from lra.tasks import listops
 
 
 def write_run(root: Path, name: str, task: str, attention: str, seed: int, acc: float | None, *,
@@ -34,7 +37,7 @@ def test_groups_by_task_attention_and_differing_overrides(tmp_path):
         write_run(tmp_path, f"{i}", "listops", "curformer", seed, acc,
                   overrides=[f"attention.num_landmarks={m}", "trainer.max_steps=10"])
     rows, settings = report.group_runs(report.collect([tmp_path]))
-    assert settings == ["attention.num_landmarks"]  # max_steps is the same for every run: not a column
+    assert settings == {"listops": ["attention.num_landmarks"]}  # max_steps is the same for every run: not a column
     summary = {s["attention.num_landmarks"]: s for s in report.summarize(rows, {})}
     assert summary["32"]["seeds"] == 2 and summary["64"]["seeds"] == 3
     assert summary["64"]["test_acc_mean"] == pytest.approx(53.0)
@@ -48,9 +51,11 @@ def test_file_locations_do_not_split_seeds(tmp_path):
     write_run(tmp_path, "a", "listops", "curformer", 0, 0.34, overrides=["task.data_dir=/d"])
     write_run(tmp_path, "b", "listops", "curformer", 1, 0.35, overrides=["task.data_dir=/d", "paths.cache_dir=/c"])
     write_run(tmp_path, "c", "listops", "curformer", 2, 0.30, overrides=["task.data_dir=/other"])
+    write_run(tmp_path, "d", "listops", "curformer", 3, 0.36, overrides=[f"task.data_dir={REPO_ROOT / 'data' / 'x'}"])
+    write_run(tmp_path, "e", "listops", "curformer", 4, 0.37, overrides=["task.data_dir=data/x"])
     rows, settings = report.group_runs(report.collect([tmp_path]))
-    assert settings == ["task.data_dir"]  # another dataset still splits
-    assert sorted(len(row.runs) for row in rows) == [1, 2]
+    assert settings == {"listops": ["task.data_dir"]}  # another dataset still splits
+    assert sorted(len(row.runs) for row in rows) == [1, 2, 2]  # data/x and <repo>/data/x: one dataset, one row
 
 def test_published_row_follows_tags_and_match(tmp_path):
     tables = yaml.safe_load(report.PUBLISHED.read_text())
@@ -60,15 +65,15 @@ def test_published_row_follows_tags_and_match(tmp_path):
     write_run(tmp_path, "d", "text", "softmax", 0, 0.61)
     summary = report.summarize(*[report.group_runs(report.collect([tmp_path]))[0]], tables)
     by_key = {(s["task"], s["attention"], s.get("attention.selection"), s.get("experiment")): s for s in summary}
-    abs_row = by_key[("listops", "curformer", "-", "-")]
+    abs_row = by_key[("listops", "curformer", "-", None)]  # each task's table has its own setting columns
     assert (abs_row["published"], abs_row["published_table"]) == (39.62, "cur_table1")
     assert abs_row["delta"] == pytest.approx(40.0 - 39.62)
-    sum_row = by_key[("listops", "curformer", "sum", "-")]
+    sum_row = by_key[("listops", "curformer", "sum", None)]
     assert (sum_row["published"], sum_row["published_table"]) == (38.99, "cur_table4_selection")
-    assert by_key[("text", "softmax", "-", "proxyformer_table1")]["published"] == 64.84   # tagged: its own table
+    assert by_key[("text", "softmax", None, "proxyformer_table1")]["published"] == 64.84   # tagged: its own table
     # Untagged: the first table whose row is comparable. CUR Table 1 quotes Tay et al.'s original-size
     # Transformer (not comparable with our 2 x d64 one), so the Proxyformer paper's re-implementation wins.
-    assert by_key[("text", "softmax", "-", "-")]["published"] == 64.84
+    assert by_key[("text", "softmax", None, "-")]["published"] == 64.84
 
 
 def test_failed_interrupted_and_missing_runs_are_counted_and_listed(tmp_path):
@@ -83,9 +88,10 @@ def test_failed_interrupted_and_missing_runs_are_counted_and_listed(tmp_path):
     out = tmp_path / "table.md"
     assert report.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| listops"))
+    header, row = (line for line in text.splitlines() if line.startswith("| "))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[2:6] == ["1", "1", "1", "2"]  # seeds completed, failed, interrupted, missing (+ not started)
+    assert [cell.strip() for cell in header.strip("|").split("|")][1:5] == ["seeds", "failed", "interrupted", "missing"]
+    assert cells[:5] == ["softmax", "1", "1", "1", "2"]  # seeds completed, failed, interrupted, missing (+ not started)
     assert "failed: listops / softmax / seed 1" in text and "RuntimeError: boom" in text
     assert "missing: listops / softmax / seed 2" in text
     assert "interrupted: listops / softmax / seed 3" in text and "not_started: listops / softmax / seed 4" in text
@@ -142,7 +148,7 @@ def test_curve_legend_names_the_settings_that_split_the_table(tmp_path):
     for name, pooling in (("a", "mean"), ("b", "padded_mean")):
         write_run(tmp_path, name, "listops", "curformer", 0, 0.34, overrides=[f"model/pooling={pooling}"])
     rows, settings = report.group_runs(report.collect([tmp_path]))
-    assert settings == ["model/pooling"]
+    assert settings == {"listops": ["model/pooling"]}
     labels = sorted(curve_label(run, row.settings) for row in rows for run in row.runs)
     assert labels == ["curformer s0 model/pooling=mean, test 34.00%", "curformer s0 model/pooling=padded_mean, test 34.00%"]
 
@@ -153,3 +159,50 @@ def test_truncated_results_json_names_the_file(tmp_path):
     path.write_text(path.read_text()[:40])
     with pytest.raises(ValueError, match=f"{path}: not valid JSON.*re-run the job"):
         report.main([str(tmp_path / "runs")])
+
+
+def test_mcnemar_exact_p_values():
+    # b = 10 (only A right), c = 2 (only B right): p = 2 (C(12,0) + C(12,1) + C(12,2)) / 2^12 = 158 / 4096
+    labels = [1] * 20
+    a = [1] * 10 + [0] * 2 + [1] * 5 + [0] * 3
+    b = [0] * 10 + [1] * 2 + [1] * 5 + [0] * 3
+    test = mcnemar(a, b, labels)
+    assert (test.b, test.c, test.n) == (10, 2, 20)
+    assert test.p == pytest.approx(158 / 4096, rel=1e-12)
+    assert mcnemar(b, a, labels).p == pytest.approx(test.p, rel=1e-12)  # symmetric
+    assert mcnemar(a, a, labels).p == 1.0  # no discordant example
+    with pytest.raises(ValueError, match="same examples"):
+        mcnemar(a, b[:-1], labels)
+
+
+def test_listops_table_has_independent_test_shortcut_and_paired_test(tmp_path):
+    data = tmp_path / "data"
+    listops.generate(data, {"train": 60, "val": 20, "test": 20, "independent_test": 40}, seed=1, min_length=10,
+                     max_length=40)
+    labels = [int(line.rsplit("\t", 1)[1]) for line in (data / "basic_independent_test.tsv").read_text().splitlines()[1:]]
+    wrong = [(y + 1) % 10 for y in labels]
+    runs = {"abs": labels[:30] + wrong[30:], "sum": labels[:10] + wrong[10:]}  # abs right on 30, sum on 10 of 40
+    for selection, predicted in runs.items():
+        write_run(tmp_path / "runs", selection, "listops", "curformer", 0, 0.3, overrides=[f"attention.selection={selection}"],
+                  config={"selection": selection})
+        run_dir = tmp_path / "runs" / selection
+        record = json.loads((run_dir / "results.json").read_text())
+        record["config"]["task"] = {"name": "listops", "data_dir": str(data), "num_classes": 10}
+        record["independent_test_acc"] = sum(p == y for p, y in zip(predicted, labels)) / len(labels)
+        (run_dir / "results.json").write_text(json.dumps(record))
+        (run_dir / "predictions.json").write_text(json.dumps({"independent_test": {"pred": predicted, "label": labels}}))
+    out, curves = tmp_path / "table.md", tmp_path / "curves.png"
+    assert report.main([str(tmp_path / "runs"), "--out", str(out), "--baseline", "curformer attention.selection=abs"]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "### listops"
+    header = [cell.strip() for cell in lines[2].strip("|").split("|")]
+    rows = {cells[1]: dict(zip(header, cells)) for cells in
+            ([cell.strip() for cell in line.strip("|").split("|")] for line in lines[4:6])}
+    cue = listops_cue.split_accuracies(data)
+    for row in rows.values():
+        assert row["shortcut test %"] == f"{100 * cue['test']:.2f}"
+        assert row["shortcut indep. %"] == f"{100 * cue['independent_test']:.2f}"
+    assert (rows["abs"]["independent test %"], rows["sum"]["independent test %"]) == ("75.00", "25.00")
+    assert rows["abs"]["p (McNemar)"] == "baseline"
+    assert rows["sum"]["p (McNemar)"] == f"{mcnemar(runs['sum'], runs['abs'], labels).p:.2g}"  # b = 0, c = 20
+    assert any("exact two-sided test against `curformer attention.selection=abs`" in line for line in lines)

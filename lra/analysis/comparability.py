@@ -10,6 +10,7 @@ be present and not null (e.g. ``ckpt_path`` of a transferred model). A row may i
 ``setting_source`` names the source in the reason.
 
     comparability(config, entry) -> None | "not comparable: <why>"
+    published_for(row, tables) -> the published entry a report row is set beside (or why none is)
 
 Example (CUR paper Table 1, Mega row, Ma et al. 2022): our default 2-layer d64 MEGA on ListOps gives
 ``not comparable: model.num_layers=2 (Ma et al. 2022: 6), model.d_model=64 (80), ... (+12 more)``.
@@ -18,9 +19,11 @@ Example (CUR paper Table 1, Mega row, Ma et al. 2022): our default 2-layer d64 M
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
+PUBLISHED = Path(__file__).with_name("published.yaml")  # the papers' numbers lra.analysis.report prints
 SET = "<set>"
 FUNCTION_NAMES = {"attention.mega.Softmax": "softmax", "attention.mega.Laplace": "laplace"}
 SHOWN = 4  # mismatches named in a reason; the rest are counted
@@ -76,3 +79,30 @@ def comparability(config: dict, entry: dict) -> str | None:
     more = f" (+{len(mismatches) - SHOWN} more)" if len(mismatches) > SHOWN else ""
     shown = [mismatches[0]] + [m.replace(f"{source}: ", "") for m in mismatches[1:SHOWN]]
     return "not comparable: " + ", ".join(shown) + more
+
+
+def published_for(row, tables: dict) -> dict | None:
+    """The published row for a report row (``lra.analysis.report.Row``): tables named in the runs' tags first, then file order; a row's
+    ``match`` settings must hold in the runs' config, and its source's settings must be the run's
+    (:func:`lra.analysis.comparability.comparability`). With no comparable row, the first matching one comes
+    back with ``acc`` None and the reason in ``note``."""
+    tags = {tag for run in row.runs for tag in run.get("tags", [])}
+    config = row.runs[0].get("config") or {}
+    ordered = sorted(tables.items(), key=lambda item: item[0] not in tags)
+    refused = None
+    for name, table in ordered:
+        if row.task not in table["tasks"]:
+            continue
+        column = table["tasks"].index(row.task)
+        for entry in table["rows"]:
+            matches = all(lookup(config, key) == value for key, value in (entry.get("match") or {}).items())
+            if entry["attention"] != row.attention or not matches:
+                continue
+            reason = comparability(config, entry)
+            if reason:
+                refused = refused or {"acc": None, "std": None, "table": name, "source": table["source"], "note": reason}
+                continue
+            std = entry.get("std")
+            return {"acc": entry["acc"][column], "std": std[column] if std else None, "table": name,
+                    "source": table["source"], "note": entry.get("note", "")}
+    return refused

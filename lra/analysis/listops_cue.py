@@ -18,9 +18,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lra.tasks.listops import OPERATORS
+from lra.tasks.listops import INDEPENDENT_TEST, OPERATORS
 
 SPLITS = ("train", "val", "test")
+SCORED = ("val", "test", INDEPENDENT_TEST)  # scored when the file exists (the independent test is optional)
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,27 @@ def balanced_accuracy(cue: OperatorCue, examples: list[tuple[str, int]]) -> floa
     return sum(present) / len(present)
 
 
+def split_accuracies(data_dir: Path) -> dict[str, float]:
+    """The cue's accuracy (fit on train) on every split of ``data_dir`` in :data:`SCORED` that exists."""
+    cue = fit(read_examples(data_dir / "basic_train.tsv"))
+    paths = {split: data_dir / f"basic_{split}.tsv" for split in SCORED}
+    return {split: accuracy(cue, read_examples(path)) for split, path in paths.items() if path.is_file()}
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Command line: ``python -m lra.analysis.listops_cue DIR``."""
     parser = argparse.ArgumentParser(prog="python -m lra.analysis.listops_cue", description=__doc__.split("\n\n")[0])
-    parser.add_argument("data_dir", type=Path, help="a folder with basic_{train,val,test}.tsv")
+    parser.add_argument("data_dir", type=Path, help="a folder with basic_{train,val,test}.tsv "
+                        "(and basic_independent_test.tsv, scored too when present)")
     args = parser.parse_args(argv)
     splits = {split: read_examples(args.data_dir / f"basic_{split}.tsv") for split in SPLITS}
+    independent = args.data_dir / f"basic_{INDEPENDENT_TEST}.tsv"
+    if independent.is_file():
+        splits[INDEPENDENT_TEST] = read_examples(independent)
     cue = fit(splits["train"])
     print("first-operator cue (fit on train): " + ", ".join(f"{op} -> {label}" for op, label in cue.rule.items()))
     scores = {}
-    for split in ("val", "test"):
+    for split in (split for split in SCORED if split in splits):
         examples = splits[split]
         scores[split] = accuracy(cue, examples)
         mix = Counter(first_operator(source) for source, _ in examples)

@@ -1,22 +1,26 @@
-"""Sweep report: ``python -m lra.analysis.report <sweep dir(s)> [--format md|csv|latex] [--out FILE] [--plot FILE] [--curves FILE]``.
+"""The paper tables: ``python -m lra.analysis.report <run or sweep dir(s)> [--format md|csv|latex] [--out FILE]
+[--baseline ROW] [--plot FILE] [--curves FILE]`` (``python -m lra.report`` and ``lra-report`` run this too).
 
 Collects every run under the given directories (``results.json``; a Hydra job dir with
 ``.hydra/config.yaml`` but no ``results.json`` is a run that died or is still running: "missing";
 a sweep records jobs it has not reached as "not_started", counted as missing too),
 optionally the runs of a W&B group (``--wandb ENTITY/PROJECT --group NAME``, needs network), and
-groups them by (task, attention name, the overrides whose values differ between the runs, seed
-excluded). Each row: runs completed / failed / interrupted (SIGTERM) / missing, test accuracy mean ± sample std (ddof 1)
-over completed seeds, best-validation mean, steps, training wall time, throughput, peak memory, the published number of
-``lra/analysis/published.yaml`` with its source table, and our mean minus it. Failed and missing runs are
-counted in their row and listed under the table, never dropped. ``--curves`` draws every run's
-validation accuracy against the step (``val_curve`` of ``results.json``).
+groups them per task by (attention name, the overrides whose values differ between that task's runs,
+seed excluded). One table per task (:mod:`lra.analysis.report_tables`), each row: runs completed /
+failed / interrupted / missing (columns shown only when a run is not completed), test accuracy mean ±
+sample std (ddof 1) over completed seeds, the independent test (ListOps) and what the task's shortcut
+scores on the same splits (ListOps: the first-operator cue, :mod:`lra.analysis.listops_cue`), the
+published number of ``lra/analysis/published.yaml`` and our mean minus it (on the independent test where
+the runs have it), McNemar's exact p against the task's baseline row on the same examples
+(:mod:`lra.analysis.significance`; ``predictions.json`` of both runs), best validation, steps, wall time,
+throughput, peak memory. Failed and missing runs are listed under the tables, never dropped.
+``--curves`` draws every run's validation accuracy against the step with chance, the shortcut and the
+published numbers as reference lines.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import statistics
 import sys
@@ -25,13 +29,19 @@ from pathlib import Path
 
 import yaml
 
-import lra  # noqa: F401  (registers the ${repo_root:} resolver used by run configs)
-from lra.analysis.comparability import comparability, lookup
+from lra import REPO_ROOT  # importing lra registers the ${repo_root:} resolver used by run configs
+from lra.analysis import listops_cue
+from lra.analysis.comparability import PUBLISHED, lookup, published_for
+from lra.analysis.report_tables import render
+from lra.analysis.significance import compare_runs, read_predictions
+from lra.tasks.listops import INDEPENDENT_TEST
 
-PUBLISHED = Path(__file__).with_name("published.yaml")
 ALWAYS_SPLIT = ("task", "attention")          # part of every group key already
 NEVER_SPLIT = ("seed", "group", "tags")       # vary inside a group by design
 LOCATION_PREFIXES = ("paths.",)               # where files live (caches, logs), not what is trained
+SHORTCUTS = {"listops": listops_cue.split_accuracies}  # task -> what its shortcut scores per split of a data dir
+PAIRED_SPLITS = (INDEPENDENT_TEST, "test")      # the paired test uses the first both runs have predictions for
+_shortcut_cache: dict[str, dict[str, float]] = {}
 
 
 @dataclass
@@ -46,6 +56,10 @@ class Row:
 
     def values(self, key: str) -> list[float]:
         return [run[key] for run in self.runs if run["status"] == "completed" and run.get(key) is not None]
+
+    def label(self) -> str:
+        """``attention`` and the settings that tell this row apart, e.g. ``curformer attention.selection=sum``."""
+        return " ".join([self.attention, *(f"{key}={value}" for key, value in self.settings.items() if value != "-")])
 
 
 def load_run(path: Path) -> dict:
@@ -84,68 +98,102 @@ def collect(dirs: list[Path]) -> list[dict]:
     return runs
 
 
+def setting_value(key: str, value: str) -> str:
+    """An override's value as the table compares it: ``task.data_dir`` relative to the checkout made absolute,
+    so ``data/x`` and ``<repo>/data/x`` are one dataset."""
+    if key == "task.data_dir" and not Path(value).is_absolute() and "$" not in value:
+        return str((REPO_ROOT / value).resolve())
+    return value
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, str]:
     pairs = (item.split("=", 1) for item in overrides if "=" in item)
-    return {key.lstrip("+~"): value for key, value in pairs}
+    return {key.lstrip("+~"): setting_value(key.lstrip("+~"), value) for key, value in pairs}
 
 
-def group_runs(runs: list[dict]) -> tuple[list[Row], list[str]]:
-    """Rows keyed by (task, attention, values of the overrides that differ across runs); and those keys."""
+def group_runs(runs: list[dict]) -> tuple[list[Row], dict[str, list[str]]]:
+    """Rows keyed by (task, attention, values of the overrides that differ across the task's runs), and for each
+    task those keys (its table's setting columns)."""
     parsed = [parse_overrides(run["overrides"]) for run in runs]
-    keys = sorted({key for overrides in parsed for key in overrides if not key.startswith(LOCATION_PREFIXES)}
-                  - set(ALWAYS_SPLIT) - set(NEVER_SPLIT))
-    differing = [key for key in keys if len({overrides.get(key) for overrides in parsed}) > 1]
+    settings: dict[str, list[str]] = {}
+    for task in sorted({str(run["task"]) for run in runs}):
+        of_task = [overrides for run, overrides in zip(runs, parsed) if str(run["task"]) == task]
+        keys = sorted({key for overrides in of_task for key in overrides if not key.startswith(LOCATION_PREFIXES)}
+                      - set(ALWAYS_SPLIT) - set(NEVER_SPLIT))
+        settings[task] = [key for key in keys if len({overrides.get(key) for overrides in of_task}) > 1]
     rows: dict[tuple, Row] = {}
     for run, overrides in zip(runs, parsed):
-        settings = {key: overrides.get(key, "-") for key in differing}
-        key = (str(run["task"]), str(run["attention"]), tuple(settings.values()))
-        rows.setdefault(key, Row(str(run["task"]), str(run["attention"]), settings)).runs.append(run)
-    return [rows[key] for key in sorted(rows)], differing
+        chosen = {key: overrides.get(key, "-") for key in settings[str(run["task"])]}
+        key = (str(run["task"]), str(run["attention"]), tuple(chosen.values()))
+        rows.setdefault(key, Row(str(run["task"]), str(run["attention"]), chosen)).runs.append(run)
+    return [rows[key] for key in sorted(rows)], settings
 
 
-def published_for(row: Row, tables: dict) -> dict | None:
-    """The published row for ``row``: tables named in the runs' tags first, then file order; a row's
-    ``match`` settings must hold in the runs' config, and its source's settings must be the run's
-    (:func:`lra.analysis.comparability.comparability`). With no comparable row, the first matching one comes
-    back with ``acc`` None and the reason in ``note``."""
-    tags = {tag for run in row.runs for tag in run.get("tags", [])}
-    config = row.runs[0].get("config") or {}
-    ordered = sorted(tables.items(), key=lambda item: item[0] not in tags)
-    refused = None
-    for name, table in ordered:
-        if row.task not in table["tasks"]:
-            continue
-        column = table["tasks"].index(row.task)
-        for entry in table["rows"]:
-            matches = all(lookup(config, key) == value for key, value in (entry.get("match") or {}).items())
-            if entry["attention"] != row.attention or not matches:
-                continue
-            reason = comparability(config, entry)
-            if reason:
-                refused = refused or {"acc": None, "std": None, "table": name, "source": table["source"], "note": reason}
-                continue
-            std = entry.get("std")
-            return {"acc": entry["acc"][column], "std": std[column] if std else None, "table": name,
-                    "source": table["source"], "note": entry.get("note", "")}
-    return refused
+def percent_stats(row: Row, key: str) -> tuple[float | None, float | None]:
+    """Mean and sample std (ddof 1; None below two runs) of ``key`` over the row's completed runs, in %."""
+    values = [100 * value for value in row.values(key)]
+    return (statistics.fmean(values) if values else None), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def summarize(rows: list[Row], tables: dict) -> list[dict]:
-    """One flat dict per row: counts, mean ± std in %, published number and difference."""
+def shortcut_scores(row: Row) -> dict[str, float]:
+    """What the task's shortcut alone scores per split of the row's data (ListOps: the first-operator cue), in %."""
+    probe = SHORTCUTS.get(row.task)
+    data_dir = lookup(row.runs[0].get("config") or {}, "task.data_dir")
+    if probe is None or data_dir is None or not Path(data_dir).is_dir():
+        return {}
+    if data_dir not in _shortcut_cache:
+        _shortcut_cache[data_dir] = {split: 100 * acc for split, acc in probe(Path(data_dir)).items()}
+    return _shortcut_cache[data_dir]
+
+
+def paired_test(row: Row, baseline: Row | None) -> dict | None:
+    """McNemar's exact test of ``row`` against ``baseline`` on the lowest seed both completed with predictions,
+    on the independent test where both have it, else the test split."""
+    if baseline is None or baseline is row:
+        return None
+    seeds = {run["seed"]: run for run in baseline.runs if run["status"] == "completed"}
+    for run in sorted((run for run in row.runs if run["status"] == "completed"), key=lambda run: run["seed"]):
+        if run["seed"] in seeds and (result := compare_runs(run["path"], seeds[run["seed"]]["path"], PAIRED_SPLITS)):
+            split, test = result
+            return {"p": test.p, "seed": run["seed"], "split": split, "b": test.b, "c": test.c}
+    return None
+
+
+def choose_baseline(rows: list[Row], wanted: str | None) -> Row | None:
+    """The row every other row of a task is tested against: ``wanted`` (a row label or attention name), else
+    ``softmax``, else the first row with saved predictions."""
+    with_predictions = [row for row in rows if any(read_predictions(run["path"]) for run in row.runs
+                                                   if run["status"] == "completed" and Path(run["path"]).is_dir())]
+    for name in (wanted, "softmax"):
+        chosen = [row for row in with_predictions if name in (row.label(), row.attention)]
+        if chosen:
+            return chosen[0]
+    return with_predictions[0] if with_predictions else None
+
+
+def summarize(rows: list[Row], tables: dict, baseline: str | None = None) -> list[dict]:
+    """One flat dict per row: counts, accuracies (mean, std in %), shortcut, published number and difference,
+    paired test against the task's baseline row."""
+    baselines = {task: choose_baseline([row for row in rows if row.task == task], baseline)
+                 for task in {row.task for row in rows}}
     out = []
     for row in rows:
-        acc = [100 * value for value in row.values("test_acc")]
-        val = [100 * value for value in row.values("val_acc_best")]
+        test_mean, test_std = percent_stats(row, "test_acc")
+        independent_mean, independent_std = percent_stats(row, "independent_test_acc")
         speed, memory = row.values("samples_per_s"), row.values("peak_mem_bytes")
         steps, seconds = row.values("steps"), row.values("train_time_s")
         published = published_for(row, tables)
-        mean = statistics.fmean(acc) if acc else None
+        compared = independent_mean if independent_mean is not None else test_mean
+        cue = shortcut_scores(row)
+        paired = paired_test(row, baselines[row.task])
         out.append({
-            "task": row.task, "attention": row.attention, **row.settings,
-            "seeds": len(acc), "failed": row.status_count("failed"),
+            "task": row.task, "attention": row.attention, **row.settings, "label": row.label(),
+            "seeds": len(row.values("test_acc")), "failed": row.status_count("failed"),
             "interrupted": row.status_count("interrupted"), "missing": row.status_count("missing", "not_started"),
-            "test_acc_mean": mean, "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else None,
-            "val_acc_best_mean": statistics.fmean(val) if val else None,
+            "test_acc_mean": test_mean, "test_acc_std": test_std,
+            "independent_test_acc_mean": independent_mean, "independent_test_acc_std": independent_std,
+            "cue_test": cue.get("test"), "cue_independent_test": cue.get(INDEPENDENT_TEST),
+            "val_acc_best_mean": percent_stats(row, "val_acc_best")[0],
             "steps": round(statistics.fmean(steps)) if steps else None,
             "train_time_min": statistics.fmean(seconds) / 60 if seconds else None,
             "samples_per_s": statistics.fmean(speed) if speed else None,
@@ -153,57 +201,28 @@ def summarize(rows: list[Row], tables: dict) -> list[dict]:
             "published": published["acc"] if published else None,
             "published_table": published["table"] if published else None,
             "published_note": published["note"] if published and published["acc"] is None else None,
-            "delta": mean - published["acc"] if published and published["acc"] is not None and mean is not None else None,
+            "delta": compared - published["acc"] if published and published["acc"] is not None and compared is not None else None,
+            "baseline": baselines[row.task].label() if baselines[row.task] else None,
+            "p_value": paired["p"] if paired else None,
+            "paired_on": f"{paired['split']}, seed {paired['seed']}" if paired else None,
         })
     return out
 
 
-def fmt(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def display_rows(summary: list[dict], settings: list[str]) -> tuple[list[str], list[list[str]]]:
-    header = ["task", "attention", *settings, "seeds", "failed", "interrupted", "missing", "test acc % (mean ± std)",
-              "best val %", "steps", "train min", "samples/s", "peak MiB", "published %", "Δ", "source"]
-    body = []
-    for s in summary:
-        acc = "-" if s["test_acc_mean"] is None else fmt(s["test_acc_mean"]) + (
-            f" ± {fmt(s['test_acc_std'])}" if s["test_acc_std"] is not None else "")
-        delta = "-" if s["delta"] is None else f"{s['delta']:+.2f}"
-        body.append([s["task"], s["attention"], *(s[key] for key in settings), str(s["seeds"]), str(s["failed"]),
-                     str(s["interrupted"]), str(s["missing"]), acc, fmt(s["val_acc_best_mean"]), fmt(s["steps"]),
-                     fmt(s["train_time_min"], 0), fmt(s["samples_per_s"], 1),
-                     fmt(s["peak_mem_mib"], 0), s["published_note"] or fmt(s["published"]), delta,
-                     s["published_table"] or "-"])
-    return header, body
-
-
-def render(summary: list[dict], settings: list[str], runs: list[dict], tables: dict, form: str) -> str:
-    """The table as markdown (with failed runs and sources listed below), CSV (raw numbers) or LaTeX."""
-    if form == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(summary[0]) if summary else ["task"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(summary)
-        return buffer.getvalue()
-    header, body = display_rows(summary, settings)
-    if form == "latex":
-        escape = lambda text: text.replace("_", r"\_").replace("%", r"\%").replace("±", r"$\pm$").replace("Δ", r"$\Delta$")
-        lines = [r"\begin{tabular}{" + "l" * (2 + len(settings)) + "r" * (len(header) - 2 - len(settings)) + "}",
-                 r"\toprule", " & ".join(map(escape, header)) + r" \\", r"\midrule"]
-        lines += [" & ".join(map(escape, cells)) + r" \\" for cells in body]
-        return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    bad = [run for run in runs if run["status"] != "completed"]
-    if bad:
-        lines += ["", f"{len(bad)} run(s) not completed:"]
-        lines += [f"- {run['status']}: {run['task']} / {run['attention']} / seed {run['seed']} in {run['path']}: "
-                  f"{str(run.get('error') or '').splitlines()[0] if run.get('error') else ''}" for run in bad]
-    used = sorted({s["published_table"] for s in summary if s["published_table"]})
-    if used:
-        lines += ["", "Published numbers (lra/analysis/published.yaml):"] + [f"- {name}: {tables[name]['source']}" for name in used]
-    return "\n".join(lines) + "\n"
+def reference_lines(rows: list[Row], summary: list[dict]) -> dict[str, dict[str, float]]:
+    """Per task, the levels a validation curve is read against: chance, the shortcut on the validation split, and
+    each distinct published number (labelled by its row)."""
+    lines: dict[str, dict[str, float]] = {}
+    for row, summarized in zip(rows, summary):
+        task = lines.setdefault(row.task, {})
+        classes = lookup(row.runs[0].get("config") or {}, "task.num_classes")
+        if classes:
+            task["chance"] = 100 / classes
+        if (cue := shortcut_scores(row).get("val")) is not None:
+            task["shortcut (val)"] = cue
+        if summarized["published"] is not None:
+            task[f"published {row.label()}"] = summarized["published"]
+    return lines
 
 
 def wandb_runs(path: str, group: str | None) -> list[dict]:
@@ -220,6 +239,7 @@ def wandb_runs(path: str, group: str | None) -> list[dict]:
         "task": lookup(dict(run.config), "task.name"), "attention": lookup(dict(run.config), "attention.name"),
         "seed": run.config.get("seed"), "status": states.get(run.state, "failed"), "error": f"W&B state {run.state}",
         "test_acc": run.summary.get("test/acc"), "val_acc_best": run.summary.get("val/acc_best"),
+        "independent_test_acc": run.summary.get(f"{INDEPENDENT_TEST}/acc"),
         "samples_per_s": None, "peak_mem_bytes": None, "overrides": list(run.config.get("overrides") or []),
         "tags": list(run.tags), "config": dict(run.config), "path": run.url,
     } for run in api_runs]
@@ -235,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read the runs of this W&B project (online)")
     parser.add_argument("--group", help="W&B group (the sweep name) to read with --wandb")
     parser.add_argument("--published", type=Path, default=PUBLISHED, help="published-numbers file (default: %(default)s)")
+    parser.add_argument("--baseline", help="the row each task's paired test compares against, by label (e.g. "
+                        "'curformer attention.selection=abs') or attention name (default: softmax, else the first row "
+                        "with predictions)")
     args = parser.parse_args(argv)
     if not args.dirs and not args.wandb:
         parser.error("give at least one sweep dir (e.g. outputs/multirun/<date>) or --wandb ENTITY/PROJECT")
@@ -244,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     tables = yaml.safe_load(args.published.read_text())
     rows, settings = group_runs(runs)
-    summary = summarize(rows, tables)
+    summary = summarize(rows, tables, args.baseline)
     text = render(summary, settings, runs, tables, args.format)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -254,12 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from lra.analysis.report_plot import plot_accuracy_vs_throughput
 
-        plot_accuracy_vs_throughput(summary, settings, args.plot)
+        plot_accuracy_vs_throughput(summary, args.plot)
     if args.curves:
         from lra.analysis.report_plot import plot_learning_curves
 
         by_run = {id(run): row.settings for row in rows for run in row.runs}
-        plot_learning_curves(runs, args.curves, [by_run[id(run)] for run in runs])
+        plot_learning_curves(runs, args.curves, [by_run[id(run)] for run in runs], reference_lines(rows, summary))
     return 0
 
 
