@@ -18,8 +18,10 @@ class LRAModule(L.LightningModule):
     ListOps' ``independent_test/acc``) and every auxiliary loss as ``train/<name>``.
 
     ``test_predictions`` holds, after ``trainer.test``, each test split's predicted and true labels in
-    the loader's order (this process's share of them under DDP). ``val_curve`` lists ``[step, val acc]`` for every evaluation (kept in checkpoints, written to
-    ``results.json``: the learning curve ``lra.analysis.report --curves`` plots)."""
+    the loader's order (this process's share of them under DDP). ``val_curve`` lists ``[step, val acc]``
+    for every evaluation (kept in checkpoints, written to ``results.json``: the learning curve
+    ``lra.analysis.report --curves`` plots). ``settings`` (the run's resolved ``attention`` and ``model``
+    config nodes) is stored in every checkpoint, so ``lra.evaluate`` rebuilds the trained model from it."""
 
     def __init__(
         self,
@@ -27,9 +29,11 @@ class LRAModule(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None,
         num_classes: int,
+        settings: dict | None = None,
     ):
         super().__init__()
         self.model = model
+        self.settings = settings
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -74,6 +78,7 @@ class LRAModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["val_curve"] = self.val_curve
+        checkpoint["settings"] = self.settings
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.val_curve = list(checkpoint.get("val_curve", []))
@@ -103,6 +108,8 @@ class LRAModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+# The config groups a checkpoint carries: what lra.evaluate needs to rebuild the trained model.
+CHECKPOINT_SETTINGS = ("attention", "model")
 # Keys of an attention config node that describe it but are not constructor arguments.
 DESCRIPTIVE_KEYS = ("name",)
 
@@ -150,5 +157,8 @@ def build_module(cfg) -> LRAModule:
     """LightningModule for ``cfg`` (model, AdamW and schedule from their config groups)."""
     from hydra.utils import instantiate
 
+    from omegaconf import OmegaConf
+
     scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
-    return LRAModule(build_model(cfg), instantiate(cfg.optimizer), scheduler, cfg.task.num_classes)
+    settings = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in CHECKPOINT_SETTINGS}
+    return LRAModule(build_model(cfg), instantiate(cfg.optimizer), scheduler, cfg.task.num_classes, settings)
