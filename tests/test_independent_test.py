@@ -63,7 +63,8 @@ def test_data_without_the_independent_test_keeps_working(tmp_path, tiny_listops_
 
 def test_evaluate_rebuilds_the_model_the_checkpoint_was_trained_with(tmp_path, tiny_listops_overrides):
     """No attention on the command line: the checkpoint's own (CUR, m = 4) is rebuilt, and its test accuracy
-    is the training run's; a dotted override applies on top of the stored settings."""
+    is the training run's; a dotted override applies on top of the stored settings (``+``: the composed
+    default attention, softmax, has no such key)."""
     train_dir, eval_dir, changed_dir = tmp_path / "train", tmp_path / "eval", tmp_path / "changed"
     trained = run_cli(["-m", "lra.train", *tiny_listops_overrides, "attention=curformer", "attention.num_landmarks=4",
                        f"hydra.run.dir={train_dir}"])
@@ -78,7 +79,7 @@ def test_evaluate_rebuilds_the_model_the_checkpoint_was_trained_with(tmp_path, t
     assert result["test_acc"] == record["test_acc"]
     assert json.loads((eval_dir / "predictions.json").read_text()) == json.loads((train_dir / "predictions.json").read_text())
     changed = run_cli(["-m", "lra.evaluate", f"ckpt_path={record['best_checkpoint']}", *data_overrides,
-                       "attention.num_landmarks=2", f"hydra.run.dir={changed_dir}"])
+                       "+attention.num_landmarks=2", f"hydra.run.dir={changed_dir}"])
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
     changed_config = json.loads((changed_dir / "results.json").read_text())["config"]["attention"]
     assert (changed_config["name"], changed_config["num_landmarks"]) == ("curformer", 2)
