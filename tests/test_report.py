@@ -206,3 +206,4 @@ def test_listops_table_has_independent_test_shortcut_and_paired_test(tmp_path):
     assert rows["abs"]["p (McNemar)"] == "baseline"
     assert rows["sum"]["p (McNemar)"] == f"{mcnemar(runs['sum'], runs['abs'], labels).p:.2g}"  # b = 0, c = 20
     assert any("exact two-sided test against `curformer attention.selection=abs`" in line for line in lines)
+    assert any(line.startswith("shortcut: the first-operator cue") for line in lines)

@@ -39,7 +39,8 @@ from lra.tasks.listops import INDEPENDENT_TEST
 ALWAYS_SPLIT = ("task", "attention")          # part of every group key already
 NEVER_SPLIT = ("seed", "group", "tags")       # vary inside a group by design
 LOCATION_PREFIXES = ("paths.",)               # where files live (caches, logs), not what is trained
-SHORTCUTS = {"listops": listops_cue.split_accuracies}  # task -> what its shortcut scores per split of a data dir
+# task -> (what its shortcut is, what it scores per split of a data dir)
+SHORTCUTS = {"listops": ("the first-operator cue fitted on train, lra.analysis.listops_cue", listops_cue.split_accuracies)}
 PAIRED_SPLITS = (INDEPENDENT_TEST, "test")      # the paired test uses the first both runs have predictions for
 _shortcut_cache: dict[str, dict[str, float]] = {}
 
@@ -137,7 +138,7 @@ def percent_stats(row: Row, key: str) -> tuple[float | None, float | None]:
 
 def shortcut_scores(row: Row) -> dict[str, float]:
     """What the task's shortcut alone scores per split of the row's data (ListOps: the first-operator cue), in %."""
-    probe = SHORTCUTS.get(row.task)
+    _, probe = SHORTCUTS.get(row.task, (None, None))
     data_dir = lookup(row.runs[0].get("config") or {}, "task.data_dir")
     if probe is None or data_dir is None or not Path(data_dir).is_dir():
         return {}
@@ -193,6 +194,7 @@ def summarize(rows: list[Row], tables: dict, baseline: str | None = None) -> lis
             "test_acc_mean": test_mean, "test_acc_std": test_std,
             "independent_test_acc_mean": independent_mean, "independent_test_acc_std": independent_std,
             "cue_test": cue.get("test"), "cue_independent_test": cue.get(INDEPENDENT_TEST),
+            "shortcut": SHORTCUTS[row.task][0] if cue else None,
             "val_acc_best_mean": percent_stats(row, "val_acc_best")[0],
             "steps": round(statistics.fmean(steps)) if steps else None,
             "train_time_min": statistics.fmean(seconds) / 60 if seconds else None,

@@ -75,6 +75,8 @@ def task_table(rows: list[dict], settings: list[str]) -> tuple[list[str], list[l
         paired = next(row for row in rows if row["p_value"] is not None)
         notes.append(f"p (McNemar): exact two-sided test against `{paired['baseline']}` on the same examples "
                      f"({paired['paired_on']})")
+    if shortcut := next((row["shortcut"] for row in rows if row.get("shortcut")), None):
+        notes.append(f"shortcut: {shortcut}")
     if any(row["delta"] is not None and row["independent_test_acc_mean"] is not None for row in rows):
         notes.append("Δ: the independent-test mean minus the published number")
     return header, body, notes
