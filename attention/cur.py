@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from attention.pinv import check_pinv_init, iterative_pinv
+from attention.precision import autocast_off
 from attention.scores import SoftmaxScore
 from attention.selection import check_selection, select_indices
 
@@ -91,7 +92,7 @@ def cur_attention(
     batch, heads, n, _ = q.shape
     if key_mask is None:
         key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
-    with torch.autocast(device_type=q.device.type, enabled=False):
+    with autocast_off(q.device.type):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from attention.cur import CURAttention, _rows
 from attention.pinv import iterative_pinv
+from attention.precision import autocast_off
 from kernels.common.launch import device_capability, interpreted
 from kernels.flashcur import launch as kernel_launch
 from kernels.flashcur import ops
@@ -70,7 +71,7 @@ class _SelectedSoftmax(torch.autograd.Function):
     def backward(ctx, d_u):
         q_sel, k_sel, u = ctx.saved_tensors
         scale = q_sel.shape[-1] ** -0.5
-        with torch.autocast(device_type=u.device.type, enabled=False):
+        with autocast_off(u.device.type):
             d_scores = u * (d_u - (d_u * u).sum(-1, keepdim=True)) * scale  # (B, H, m, m)
             dq_sel = d_scores @ k_sel.float()
             dk_sel = d_scores.transpose(-1, -2) @ q_sel.float()
@@ -146,7 +147,7 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     k_sel = _rows(k, index_k_p).contiguous()
     rv = _RowAttention.apply(q_sel, k, v, key_mask)  # (B, H, M, d) float32
     u = _SelectedSoftmax.apply(q_sel, k_sel, valid_k)  # (B, H, M, M) float32
-    with torch.autocast(device_type=q.device.type, enabled=False):
+    with autocast_off(q.device.type):
         u = u.masked_fill(~valid_q[..., None], 0.0) + torch.diag_embed((~valid_q).float())
         # Recomputed in backward: the iteration's m×m intermediates are not kept (only U is).
         w = checkpoint(iterative_pinv, u, pinv_iters, pinv_init, use_reentrant=False) @ rv  # (B, H, M, d)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention.precision import autocast_off
+
 FLOAT_EPS = 1e-6  # floor of the ELU normaliser (it is a sum of positive terms, > 0 for any real key)
 
 
@@ -44,7 +46,7 @@ class EluLinearAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         dtype = compute_dtype(q)
-        with torch.autocast(q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             phi_q = F.elu(q.to(dtype)) + 1.0  # (B, H, n, d)
             phi_k = (F.elu(k.to(dtype)) + 1.0) * key_mask[:, None, :, None]  # pads -> 0
             kv = phi_k.transpose(-1, -2) @ v.to(dtype)  # (B, H, d, d_v)
@@ -111,7 +113,7 @@ class DeltaRuleAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         dtype = compute_dtype(q)
-        with torch.autocast(q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             real = key_mask[:, None, :].to(dtype)  # (B, 1, n)
             logits = torch.einsum("bhnd,hd->bhn", k.to(dtype), self.beta_weight.to(dtype)) + self.beta_bias.to(dtype)[:, None]
             beta = torch.sigmoid(logits) * real  # (B, H, n), 0 on pads

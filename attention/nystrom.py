@@ -35,6 +35,7 @@ from torch import nn
 
 from attention.cur import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
+from attention.precision import autocast_off
 from attention.scores import SoftmaxScore
 
 
@@ -163,7 +164,7 @@ class NystromAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         out_dtype = v.dtype
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             m = min(self.num_landmarks, q.shape[2])
             q_land, valid = segment_means(q, key_mask, m)  # (B, H, m, d), (B, m)

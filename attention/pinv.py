@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from attention.precision import autocast_off
+
 PINV_INITS = ("per_head", "global")
 
 
@@ -54,7 +56,7 @@ def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head"
         raise ValueError(f"iterative_pinv expects square (..., m, m) matrices, got shape {tuple(matrix.shape)}")
     check_pinv_init(init)
     dtype = torch.float64 if matrix.dtype == torch.float64 else torch.float32
-    with torch.autocast(device_type=matrix.device.type, enabled=False):
+    with autocast_off(matrix.device.type):
         a = matrix.to(dtype)
         absolute = a.abs()
         col_sum = absolute.sum(-2).amax(-1)  # ‖A‖₁, (...)

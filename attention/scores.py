@@ -24,54 +24,62 @@ import torch
 from torch import nn
 
 from attention import l1_cpu
+from attention.precision import autocast_off
 
 
-class InplaceSoftmax(torch.autograd.Function):
-    """Row softmax written into its input ``(..., b)`` (a fresh logits tensor nobody else needs).
+class MaskedSoftmax(torch.autograd.Function):
+    """Masked row softmax written into its input ``logits`` ``(..., b)`` (a fresh tensor nobody else needs).
 
-    Saves one ``a × b`` allocation per call (on CPU a fresh 16 MB tensor costs more in page faults
-    than the softmax itself); backward is the usual ``y ⊙ (g − Σ_b g ⊙ y)``. On CPU ATen's softmax
-    kernel writes into its input (each row is read before it is overwritten; tests/test_scores.py
-    checks it against ``torch.softmax``), one pass over memory instead of five; other devices use
-    in-place elementwise ops, which are correct for any kernel.
+    Branch-free and sync-free, so the same ops run whatever the mask holds (no ``bool(mask.all())``:
+    on a GPU that blocks the host, stalls the launch queue and breaks CUDA and ``torch.compile`` graphs).
+    ``key_mask`` (bool, broadcastable to ``logits``, True = real key) or None:
+
+    1. masked logits are shifted by half the dtype's lowest finite value (an add of a small
+       ``key_mask``-shaped bias: on CPU ~5× cheaper than a broadcast ``masked_fill_``, and it cannot
+       overflow a finite logit), so ``exp`` gives them exactly 0 wherever the row has a real key;
+    2. row softmax in place: on CPU ATen's kernel writes into its input (each row is read before it is
+       overwritten; tests/test_scores.py checks it against ``torch.softmax``), one pass over memory
+       instead of five; other devices use in-place elementwise ops, which are correct for any kernel;
+    3. rows without any real key are multiplied by 0 (instead of a uniform row over pads).
+
+    Saves the one ``a × b`` allocation per call that an out-of-place softmax needs (on CPU a fresh
+    16 MB tensor costs more in page faults than the softmax itself). Backward is the usual
+    ``y ⊙ (g − Σ_b g ⊙ y)`` of the saved weights; it is 0 on the zeroed rows, as it should be.
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        if key_mask is not None:
+            low = torch.finfo(logits.dtype).min / 2
+            logits.add_(logits.new_zeros(key_mask.shape).masked_fill_(~key_mask, low))
         if logits.device.type == "cpu" and logits.is_contiguous():
             torch.ops.aten._softmax.out(logits, -1, False, out=logits)
         else:
             logits.sub_(logits.amax(-1, keepdim=True)).exp_()
             logits.div_(logits.sum(-1, keepdim=True))
+        if key_mask is not None:
+            logits.mul_(key_mask.any(-1, keepdim=True))
         ctx.mark_dirty(logits)
         ctx.save_for_backward(logits)
         return logits
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx, grad: torch.Tensor):
         (weights,) = ctx.saved_tensors
         if weights.device.type == "cpu":
-            return torch.ops.aten._softmax_backward_data(grad.contiguous(), weights, -1, weights.dtype)
+            return torch.ops.aten._softmax_backward_data(grad.contiguous(), weights, -1, weights.dtype), None
         grad_weights = grad * weights
-        return grad_weights.sub_(weights * grad_weights.sum(-1, keepdim=True))
+        return grad_weights.sub_(weights * grad_weights.sum(-1, keepdim=True)), None
 
 
 def masked_softmax(logits: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dim of ``logits`` ``(B, H, a, b)``; masked keys get exactly 0.
+    """Softmax over the last dim of ``logits`` ``(B, H, a, b)``; masked keys get exactly 0, and a row
+    with no real key at all is all 0 (not NaN): :class:`MaskedSoftmax`.
 
     ``logits`` is overwritten **in place** (pass a fresh tensor, e.g. a matmul output; autograd
-    raises if it were needed elsewhere). Masked logits are set to the dtype's lowest finite value,
-    so ``exp`` underflows to 0 whenever a row has a real key; rows with no real key at all are
-    zeroed explicitly (instead of NaN).
+    raises if it were needed elsewhere). ``key_mask`` bool broadcastable to ``logits``, True = real key.
     """
-    if key_mask is not None and not bool(key_mask.all()):
-        logits = logits.masked_fill_(~key_mask, torch.finfo(logits.dtype).min)
-    weights = InplaceSoftmax.apply(logits)
-    if key_mask is not None:
-        has_key = key_mask.any(-1, keepdim=True)
-        if not bool(has_key.all()):
-            weights = weights * has_key
-    return weights
+    return MaskedSoftmax.apply(logits, key_mask)
 
 
 class SoftmaxScore(nn.Module):
@@ -172,6 +180,6 @@ class L1Score(nn.Module):
 
     def forward(self, q, k, key_mask=None, q_index=None, k_index=None) -> torch.Tensor:
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             logits = L1Distance.apply(q.to(dtype), k.to(dtype), -self.lam / math.sqrt(q.shape[-1]))  # (B, H, a, b)
             return masked_softmax(logits, key_mask)

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention.precision import autocast_off
+
 
 class BidirectionalEMA(nn.Module):
     """``forward(x (B, L, D), key_mask (B, L)) -> (B, L, D)``; parameters ``(2, D, ndim)`` (direction first)."""
@@ -70,7 +72,7 @@ class BidirectionalEMA(nn.Module):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         length = x.shape[1]
         dtype = torch.promote_types(x.dtype, torch.float32)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             signal = (x.to(dtype) * key_mask.unsqueeze(-1).to(dtype)).transpose(1, 2)  # (B, D, L), pads zeroed
             lags = length if self.truncation is None else min(self.truncation, length)
             k_fwd, k_bwd = self.kernel(lags, dtype)  # (D, lags) each
