@@ -91,7 +91,8 @@ class LastCheckpoint(ModelCheckpoint):
 
     Saved after the validation of its step (Lightning's step-based saving comes before it), so the best
     checkpoint it names still exists; keep it after the best-checkpoint callback in the config. Not saved
-    when the loss went non-finite (:class:`NonFiniteLossError`): a NaN model is not worth resuming.
+    when the loss went non-finite (:class:`NonFiniteLossError`): a NaN model is not worth resuming, nor on an
+    error before training started (nothing new to keep).
     Lightning's ``save_last`` on a monitored checkpoint only writes when the score improves, hence this class.
     """
 
@@ -113,6 +114,17 @@ class LastCheckpoint(ModelCheckpoint):
         if not trainer.fast_dev_run and self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.training_started = True  # after any resume has restored its checkpoint and the loader's position
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, NonFiniteLossError):
+        """Save the state trained so far, but only once training ran: an error while a checkpoint is restored
+        (a resume refused by the train loader) would otherwise overwrite the run's checkpoints with a fresh model.
+        A save that fails (a full disk) is reported and leaves the older checkpoints as they were."""
+        if isinstance(exception, NonFiniteLossError) or not getattr(self, "training_started", False):
+            return
+        try:
             super().on_exception(trainer, pl_module, exception)
+        except OSError as error:
+            print(f"[lra] the interrupted-<step>.ckpt / last.ckpt of step {trainer.global_step} not saved "
+                  f"({type(error).__name__}: {error}); the older checkpoints are kept", flush=True)

@@ -1,4 +1,5 @@
-"""Loading weights across attention variants (direct transfer and ``init_from`` fine-tuning)."""
+"""Reading and writing checkpoints: atomic saves, weights across attention variants (direct transfer and
+``init_from`` fine-tuning), errors that name the file."""
 
 from __future__ import annotations
 
@@ -6,10 +7,43 @@ import logging
 from pathlib import Path
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch import nn
+
+from lra.tasks.files import atomic_write
 
 log = logging.getLogger(__name__)
 MODEL_PREFIX = "model."
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, atomic on local disks: the checkpoint goes to a temporary file beside its
+    final name, is fsynced, then renamed (:func:`lra.tasks.files.atomic_write`), so a full disk or a kill during
+    a save leaves the previous file (or none), never a cut-short one, and a failed save leaves no temporary file.
+    ``lra.train.build_trainer`` adds it to every trainer (DDP included: rank 0 saves)."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        atomic_write(Path(path), lambda tmp: self.write(checkpoint, tmp))
+
+    @staticmethod
+    def write(checkpoint: dict, tmp: Path) -> None:
+        torch.save(checkpoint, tmp)
+
+
+def read_checkpoint(ckpt_path: str | Path) -> dict:
+    """``torch.load`` of a run's ``.ckpt``, with an error naming the file, what is wrong with it and what to do."""
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path} (init_from / ckpt_path expects a .ckpt file of a run)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(error).__name__}: {str(error).strip()[:200]}): "
+                         f"it is cut short (a full disk or a kill while it was written) or not a .ckpt of lra.train; "
+                         f"use another checkpoint of the run (checkpoints/best-*.ckpt, last.ckpt)") from error
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ValueError(f"{path} loads but is not a Lightning checkpoint (no state_dict); pass a .ckpt of lra.train")
+    return checkpoint
 
 
 def load_transferred_weights(model: nn.Module, ckpt_path: str | Path) -> dict[str, list[str]]:
@@ -20,9 +54,7 @@ def load_transferred_weights(model: nn.Module, ckpt_path: str | Path) -> dict[st
     log and returned as ``{"skipped": [...], "initialised": [...]}``.
     """
     path = Path(ckpt_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path} (init_from / ckpt_path expects a .ckpt file of a run)")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = read_checkpoint(path)
     state = {k[len(MODEL_PREFIX):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(MODEL_PREFIX)}
     own = model.state_dict()
     mismatched = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items() if k in own and v.shape != own[k].shape]

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lra import REPO_ROOT
+from lra.tasks.files import atomic_write_text
 
 
 @functools.cache
@@ -78,9 +79,7 @@ def write_predictions(run_dir: Path, predictions: dict[str, dict[str, list[torch
     path = Path(run_dir) / "predictions.json"
     record = {split: {key: torch.cat(values).tolist() if values else [] for key, values in columns.items()}
               for split, columns in predictions.items()}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, separators=(",", ":")))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(record, separators=(",", ":")))
     return path
 
 
@@ -111,10 +110,10 @@ def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) ->
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        (path.parent / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_text(path.parent / "config_resolved.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    except OSError:
+        raise
     except Exception as error:  # an unresolvable value is often why the run failed: keep results.json
         record["config_resolve_error"] = f"{type(error).__name__}: {error}"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(record, indent=2, default=str))
     return path

@@ -1,7 +1,8 @@
 """Train one model on one LRA task: ``python -m lra.train [task=...] [attention=...] [seed=...]``.
 
 Composes ``configs/train.yaml``, builds the datamodule, model, callbacks, loggers and trainer from
-their ``_target_`` configs, fits (resuming from ``<run dir>/checkpoints/last.ckpt`` when present),
+their ``_target_`` configs, fits (resuming from the newest checkpoint of ``<run dir>/checkpoints`` that
+loads; a command whose settings are not the run dir's recorded ones is refused first: :mod:`lra.run_dir`),
 tests the best-validation checkpoint and writes ``<run dir>/results.json``. A run dir that already
 holds a completed run is not trained again. In a multirun a failing job records ``status: failed``
 and the sweep goes on; the sweep exits non-zero at the end. SIGTERM (preemption) records
@@ -10,6 +11,7 @@ and the sweep goes on; the sweep exits non-zero at the end. SIGTERM (preemption)
 
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import sys
@@ -19,7 +21,6 @@ from pathlib import Path
 
 import hydra
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
@@ -27,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lra.checkpoints import load_transferred_weights
+from lra.checkpoints import AtomicCheckpointIO, load_transferred_weights
 from lra.config import CONFIG_DIR
 from lra.hydra_callbacks import unfinished_jobs
 from lra.module import build_module
+from lra.run_dir import ResumeRefused, check_resume, checkpoints, claim, resume_checkpoint
 from lra.results import config_differences, git_commit, job_overrides, read_results, write_predictions, write_results
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
@@ -44,8 +46,9 @@ def validate(cfg: DictConfig) -> None:
     """Errors Lightning would give late, cryptically or never (a silent bad run), given early with the key to fix."""
     if not is_int(cfg.seed):
         raise ValueError(f"seed must be an integer (got {cfg.seed!r}); e.g. seed=0, or -m seed=0,1,2 for a sweep")
-    if cfg.trainer.max_steps is None or cfg.trainer.max_steps < 1:
-        raise ValueError(f"trainer.max_steps must be >= 1 (got {cfg.trainer.max_steps}); e.g. trainer.max_steps=100")
+    if not is_int(cfg.trainer.max_steps) or cfg.trainer.max_steps < 1:
+        raise ValueError(f"trainer.max_steps must be an integer >= 1 (got {cfg.trainer.max_steps!r}); "
+                         "e.g. trainer.max_steps=100")
     if not is_int(cfg.task.eval_every) or cfg.task.eval_every < 1:
         raise ValueError(f"task.eval_every must be an integer >= 1 (got {cfg.task.eval_every!r}); e.g. task.eval_every=50")
     if not is_int(cfg.task.max_length) or cfg.task.max_length < 1:
@@ -58,15 +61,29 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"optimizer.lr must be a finite number > 0 (got {lr!r}); e.g. optimizer.lr=1e-4 (the LRA setting)")
 
 
+def note_exact_landmarks(cfg: DictConfig) -> None:
+    """Say so when a landmark method's ``m`` covers every position: m = min(num_landmarks, n) = n makes it exact."""
+    landmarks = OmegaConf.select(cfg, "attention.num_landmarks")
+    if is_int(landmarks) and landmarks >= cfg.task.max_length:
+        print(f"[lra] note: attention.num_landmarks={landmarks} >= task.max_length={cfg.task.max_length}: every token "
+              f"is a landmark, so {cfg.attention.name} computes exact attention here; for the approximation pick "
+              f"attention.num_landmarks < {cfg.task.max_length} (e.g. 64)", flush=True)
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values()]
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir))
+    plugins = [instantiate(node) for node in (cfg.trainer.get("plugins") or [])]
+    if not any(hasattr(plugin, "save_checkpoint") for plugin in plugins):
+        plugins.append(AtomicCheckpointIO())  # checkpoints are never left cut short under their final name
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir),
+                       plugins=plugins)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Fit and test; return the metrics recorded in ``results.json``."""
     validate(cfg)
+    note_exact_landmarks(cfg)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.task.datamodule)
     module = build_module(cfg)
@@ -77,20 +94,17 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     trainer = build_trainer(cfg, run_dir)
     for logger in trainer.loggers:
         logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": job_overrides()})
-    last = run_dir / "checkpoints" / "last.ckpt"
-    resumed_from_step = None
-    if last.exists():
-        resumed_from_step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
-        print(f"[lra] resuming from {last} (step {resumed_from_step})", flush=True)
+    resume_from, resumed_from_step = resume_checkpoint(run_dir)
     started = time.perf_counter()
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.exists() else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         train_time = time.perf_counter() - started
         has_best = bool(getattr(trainer.checkpoint_callback, "best_model_path", ""))
         val_curve = list(module.val_curve)  # testing loads the best checkpoint, whose curve ends at its step
         per_loader = trainer.test(module, datamodule=datamodule, ckpt_path="best" if has_best else None)
     except BaseException as error:
-        error.step = trainer.global_step  # the step the failed / interrupted record names
+        error.step = trainer.global_step  # the step the failed / interrupted record names, and its curve so far
+        error.val_curve = list(module.val_curve)
         raise
     write_test_predictions(trainer, module, run_dir)
     return {
@@ -159,6 +173,18 @@ def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | 
     return record
 
 
+def record_failure(run_dir: Path, cfg: DictConfig, error: Exception, owner: bool) -> Path | str:
+    """``results.json`` with ``status: failed`` (when this run may write there), or why none was written."""
+    if not (owner or not checkpoints(run_dir)):
+        return "nothing written: the run dir holds another run's checkpoints"
+    try:
+        return write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}",
+                             steps=getattr(error, "step", None), val_curve=getattr(error, "val_curve", None),
+                             traceback=traceback.format_exc())
+    except OSError as write_error:  # a full disk: say so rather than hide the run's error behind this one
+        return f"results.json not written: {type(write_error).__name__}: {write_error}"
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
@@ -168,20 +194,31 @@ def main(cfg: DictConfig) -> float | None:
         with open_dict(cfg):
             cfg.group = Path(hydra_cfg.sweep.dir).name
     signal.signal(signal.SIGTERM, stop_on_sigterm)
+    owner = False  # whether this run may write its record here: not before the run dir's settings are checked
     try:  # from here on a SIGTERM is recorded as an interruption, wherever it lands
         print(f"[lra] run dir: {run_dir} (code: {git_commit()})", flush=True)
         if (record := already_completed(run_dir, cfg, multirun)) is not None:
             return record.get("test_acc")
+        try:
+            check_resume(run_dir, cfg)  # reads only: a refused run writes nothing
+        except ResumeRefused as refusal:
+            if not multirun:
+                raise
+            print(refusal.code, flush=True)
+            return None
+        claim(run_dir, cfg)
+        owner = True
         if (read_results(run_dir) or {}).get("status") == "not_started":  # written when the sweep started; a job
             (run_dir / "results.json").unlink()  # killed from now on shows as "missing" (no results.json), as before
         metrics = train(cfg, run_dir)
     except SIGTERMException as error:
         step = getattr(error, "step", None)
         path = run_dir / "results.json"
-        if (read_results(run_dir) or {}).get("status") != "completed":  # a finished run stays finished
-            path = write_results(run_dir, cfg, "interrupted", steps=step, error="SIGTERM (preempted or stopped)")
+        if (owner or not checkpoints(run_dir)) and (read_results(run_dir) or {}).get("status") != "completed":
+            path = write_results(run_dir, cfg, "interrupted", steps=step, error="SIGTERM (preempted or stopped)",
+                                 val_curve=getattr(error, "val_curve", None))
         same_dir = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else f"hydra.run.dir={run_dir}"
-        print(f"[lra] INTERRUPTED by SIGTERM at step {step}: {path}; re-run the same command with {same_dir} "
+        print(f"[lra] INTERRUPTED by SIGTERM (preempted or stopped) at step {step}: {path}; re-run the same command with {same_dir} "
               f"to resume from checkpoints/last.ckpt", flush=True)
         if multirun:
             sweep_dir = Path(hydra_cfg.sweep.dir)
@@ -189,9 +226,10 @@ def main(cfg: DictConfig) -> float | None:
                   file=sys.stderr, flush=True)
         raise SystemExit(SIGTERM_EXIT_CODE) from error
     except Exception as error:
-        path = write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}",
-                             steps=getattr(error, "step", None), traceback=traceback.format_exc())
-        print(f"[lra] FAILED: {type(error).__name__}: {error} (details in {path})", flush=True)
+        path = record_failure(run_dir, cfg, error, owner)
+        fix = ("; free space there and re-run the same command: it resumes from the newest checkpoint that loads"
+               if getattr(error, "errno", None) == errno.ENOSPC else "")
+        print(f"[lra] FAILED: {type(error).__name__}: {error} (details in {path}){fix}", flush=True)
         if not multirun:
             raise
         return None

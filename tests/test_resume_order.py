@@ -1,34 +1,21 @@
 """Resume is reproducible: the train order is derived from (seed, epoch), its position is stored in the checkpoint.
 
-The end-to-end check SIGKILLs a real training run mid-epoch (``KillAtStep``, added with a Hydra
-override, kills its own process: no cleanup, no exception checkpoint), resumes it from ``last.ckpt``
+The end-to-end check SIGKILLs a real training run mid-epoch (``tests.faults.Faults`` with
+``LRA_FAULT_SIGKILL_AT``: no cleanup, no exception checkpoint), resumes it from ``last.ckpt``
 in the same run dir, and compares test_acc and the final weights with an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 
-import lightning as L
 import pytest
 import torch
 
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
 from lra.tasks.resume import EpochSampler, ResumableLoader
 from tests.conftest import run_cli
-
-
-class KillAtStep(L.Callback):
-    """SIGKILL this process at the end of optimizer step ``step``, as the OOM killer or a pre-empted node would."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def dataset(n: int = 10) -> SplitDataset:
@@ -88,15 +75,15 @@ def test_resuming_with_other_loader_settings_names_them():
 def test_killed_and_resumed_run_equals_the_uninterrupted_run(tiny_listops_overrides, tmp_path):
     # 64 train examples / batch 16 = 4 batches per epoch; last.ckpt every 3 steps. Killed at step 5 (in epoch 1),
     # the run resumes from step 3 (3 of epoch 0's 4 batches done; steps 4-5 are redone) and crosses two epoch ends.
-    overrides = [*tiny_listops_overrides, "trainer.max_steps=10", "task.eval_every=3", "seed=5"]
+    overrides = [*tiny_listops_overrides, "trainer.max_steps=10", "task.eval_every=3", "seed=5",
+                 "+callbacks.faults._target_=tests.faults.Faults"]
 
-    def train(run_dir, *extra):
-        return run_cli(["-m", "lra.train", *overrides, *extra, f"hydra.run.dir={run_dir}"], timeout=1800)
+    def train(run_dir, env=None):
+        return run_cli(["-m", "lra.train", *overrides, f"hydra.run.dir={run_dir}"], timeout=1800, env=env)
 
     whole = train(tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    killed = train(tmp_path / "resumed", "+callbacks.kill._target_=tests.test_resume_order.KillAtStep",
-                   "+callbacks.kill.step=5")
+    killed = train(tmp_path / "resumed", env={"LRA_FAULT_SIGKILL_AT": "5"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     checkpoint = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 3

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import torch
 
-from lra import REPO_ROOT
 from tests.conftest import run_cli
+
+FAULTS = "+callbacks.faults._target_=tests.faults.Faults"  # the fault itself is chosen by LRA_FAULT_* (tests/faults.py)
 
 RESULT_FIELDS = {
     "task", "attention", "seed", "status", "val_acc_best", "test_acc", "steps",
@@ -56,7 +53,7 @@ def test_run_shorter_than_eval_every_is_evaluated_at_its_last_step(tiny_listops_
 def test_max_steps_zero_is_a_clear_error(tiny_listops_overrides, tmp_path):
     proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=0", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode != 0
-    assert "trainer.max_steps must be >= 1" in proc.stderr
+    assert "trainer.max_steps must be an integer >= 1 (got 0)" in proc.stderr
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"
 
 
@@ -77,25 +74,19 @@ def test_unknown_attention_or_task_is_rejected():
 
 
 def test_killed_run_resumes_from_its_last_checkpoint(tiny_listops_overrides, tmp_path):
+    """SIGKILL at step 7 (no exception checkpoint): the same command resumes from last.ckpt of step 5."""
     run_dir = tmp_path / "run"
-    args = ["-m", "lra.train", *tiny_listops_overrides, "task.eval_every=5", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true"}
-    first = subprocess.Popen([sys.executable, *args, "trainer.max_steps=100000"], cwd=REPO_ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    last = run_dir / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 300
-    while not last.exists() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    assert last.exists(), "no checkpoint was written before the kill"
-    assert not (run_dir / "results.json").exists(), "the run finished before it could be killed"
+    args = ["-m", "lra.train", *tiny_listops_overrides, "task.eval_every=5", "trainer.max_steps=10", FAULTS,
+            f"hydra.run.dir={run_dir}"]
+    first = run_cli(args, env={"LRA_FAULT_SIGKILL_AT": "7"})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert not (run_dir / "results.json").exists()
 
-    second = run_cli([*args, "trainer.max_steps=40"])
+    second = run_cli(args)
     assert second.returncode == 0, second.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["status"] == "completed" and results["steps"] == 40
-    assert 5 <= results["resumed_from_step"] < 40
+    assert results["status"] == "completed" and results["steps"] == 10
+    assert results["resumed_from_step"] == 5
     assert "resuming from" in second.stdout
 
 
@@ -116,30 +107,23 @@ def test_last_checkpoint_follows_training_not_the_best_score(tiny_listops_overri
 
 def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides, tmp_path):
     """SIGTERM (e.g. SLURM preemption) between evaluations: interrupted-<step>.ckpt and last.ckpt at that step,
-    results.json says ``interrupted`` at that step, the exit code is 143 (128 + SIGTERM)."""
+    results.json says ``interrupted`` at that step, the exit code is 143 (128 + SIGTERM); the same command
+    resumes there and is evaluated once, at its last step (eval_every is longer than the run)."""
     run_dir = tmp_path / "run"
-    args = ["-m", "lra.train", *tiny_listops_overrides, "task.eval_every=1000", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true"}
-    first = subprocess.Popen([sys.executable, *args, "trainer.max_steps=100000", "trainer.log_every_n_steps=1"],
-                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = run_dir / "csv" / "version_0" / "metrics.csv"
-    deadline = time.monotonic() + 300
-    while first.poll() is None and time.monotonic() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) > 3:
-            break
-        time.sleep(0.2)
-    first.send_signal(signal.SIGTERM)
-    first.wait(timeout=120)
-    assert first.returncode == 128 + signal.SIGTERM
+    args = ["-m", "lra.train", *tiny_listops_overrides, "task.eval_every=1000", "trainer.max_steps=6", FAULTS,
+            f"hydra.run.dir={run_dir}"]
+    first = run_cli(args, env={"LRA_FAULT_SIGTERM_AT": "3"})
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-3000:]
+    assert "INTERRUPTED by SIGTERM (preempted or stopped) at step 3" in first.stdout
     interrupted = list((run_dir / "checkpoints").glob("interrupted-*.ckpt"))
-    assert len(interrupted) == 1, "no checkpoint was written on SIGTERM"
-    step = checkpoint_step(interrupted[0])
-    assert step > 0 and checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == step
+    assert [path.name for path in interrupted] == ["interrupted-3.ckpt"], "no checkpoint was written on SIGTERM"
+    assert checkpoint_step(interrupted[0]) == 3 and checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
     record = json.loads((run_dir / "results.json").read_text())
-    assert record["status"] == "interrupted" and record["steps"] == step
+    assert record["status"] == "interrupted" and record["steps"] == 3
 
-    # eval_every as long as the rest of the run: the resumed run is evaluated once, at its last step
-    second = run_cli([*args, f"trainer.max_steps={step + 3}", f"task.eval_every={step + 3}"])
+    second = run_cli(args)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"(step {step})" in second.stdout
-    assert json.loads((run_dir / "results.json").read_text())["steps"] == step + 3
+    assert "(step 3)" in second.stdout
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["steps"] == 6 and record["resumed_from_step"] == 3
+    assert [point[0] for point in record["val_curve"]] == [6]

@@ -1,0 +1,113 @@
+"""Who may write into a run dir, and what a re-run resumes from.
+
+A run dir belongs to the run whose settings ``config_resolved.yaml`` records (written, atomically, before
+the first checkpoint). A command run into a dir that holds checkpoints resumes that run only when its
+resolved config is the recorded one, apart from keys that cannot change the result (:data:`NEUTRAL`);
+otherwise it is refused before anything is written there (:func:`check_resume`). A resume starts from the
+newest checkpoint that loads; one that does not is named, moved aside as ``*.corrupt`` and the next newest
+is tried (:func:`resume_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from lra.results import flatten
+from lra.tasks.files import atomic_write_text
+
+RECORD = "config_resolved.yaml"
+# Keys that cannot change what a run computes: where it logs and caches, how it reports progress.
+NEUTRAL = ("logger", "paths", "hydra", "tags", "group", "callbacks.progress", "callbacks.checkpoint.dirpath",
+           "callbacks.last_checkpoint.dirpath", "task.datamodule.cache_dir", "task.datamodule.num_workers",
+           "trainer.log_every_n_steps", "trainer.enable_model_summary", "trainer.enable_progress_bar")
+
+
+class ResumeRefused(SystemExit):
+    """A command would resume a run with other settings; nothing in the run dir was written."""
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain values, interpolations resolved (unresolved where one cannot be resolved)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+def is_neutral(key: str) -> bool:
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in NEUTRAL)
+
+
+def settings_differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """``(key, recorded, current)`` for every key outside :data:`NEUTRAL` whose value differs."""
+    old, new = flatten(json.loads(json.dumps(recorded, default=str))), flatten(json.loads(json.dumps(current, default=str)))
+    keys = sorted(key for key in old.keys() | new.keys()
+                  if not is_neutral(key) and old.get(key, "<absent>") != new.get(key, "<absent>"))
+    return [(key, old.get(key, "<absent>"), new.get(key, "<absent>")) for key in keys]
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints, newest first (by modification time)."""
+    folder = Path(run_dir) / "checkpoints"
+    return sorted(folder.glob("*.ckpt"), key=lambda path: path.stat().st_mtime_ns, reverse=True) if folder.is_dir() else []
+
+
+def recorded_config(run_dir: Path) -> dict | None:
+    """The settings the run in ``run_dir`` was started with, or None when it holds no readable record."""
+    try:
+        return OmegaConf.to_container(OmegaConf.load(Path(run_dir) / RECORD), resolve=False)
+    except Exception:
+        return None
+
+
+def check_resume(run_dir: Path, cfg: DictConfig) -> None:
+    """Raise :class:`ResumeRefused` (naming each key with both values) when ``run_dir`` holds checkpoints of a
+    run started with other settings. Reads only; run it before anything can write into ``run_dir``."""
+    found = checkpoints(run_dir)
+    recorded = recorded_config(run_dir) if found else None
+    if recorded is None:
+        return
+    differences = settings_differences(recorded, resolved(cfg))
+    if not differences:
+        return
+    lines = "\n".join(f"  {key}: {old!r} (the run) -> {new!r} (this command)" for key, old, new in differences)
+    raise ResumeRefused(
+        f"[lra] NOT RESUMED: {run_dir} holds an unfinished run ({found[0].name}) started with other settings:\n{lines}\n"
+        f"A resume continues a run as it was started, so nothing in {run_dir} was changed. To finish that run, re-run "
+        f"it with its own settings ({Path(run_dir) / RECORD}). To train these settings, use a new run dir (drop "
+        f"hydra.run.dir, or another one); to start them from that run's weights, add init_from={found[0]} there."
+    )
+
+
+def claim(run_dir: Path, cfg: DictConfig) -> None:
+    """Record this run's settings in ``run_dir`` (rank 0 only), after :func:`check_resume` let it in."""
+    if rank_zero_only.rank == 0:
+        atomic_write_text(Path(run_dir) / RECORD, OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))))
+
+
+def resume_checkpoint(run_dir: Path) -> tuple[Path | None, int | None]:
+    """The newest checkpoint of ``run_dir`` that loads and its step, or ``(None, None)`` (train from scratch).
+
+    A checkpoint that does not load (cut short by a full disk or a kill during an old, non-atomic write) is
+    named with the reason and renamed ``<name>.corrupt`` (rank 0; the other ranks only skip it)."""
+    found = checkpoints(run_dir)
+    for path in found:
+        try:
+            step = torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+        except Exception as error:
+            if rank_zero_only.rank == 0:
+                path.replace(path.with_name(path.name + ".corrupt"))
+            print(f"[lra] {path} does not load ({type(error).__name__}: {str(error).strip()[:200]}): moved aside to "
+                  f"{path.name}.corrupt; trying the next newest checkpoint", flush=True)
+            continue
+        print(f"[lra] resuming from {path} (step {step})", flush=True)
+        return path, step
+    if found:
+        print(f"[lra] no checkpoint of {run_dir} loads: training from scratch", flush=True)
+    return None, None

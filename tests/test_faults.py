@@ -1,0 +1,122 @@
+"""Faults against a run dir: a refused resume changes nothing, a cut-short checkpoint is skipped, a full disk
+leaves no partial file, a checkpoint that does not load is named — real processes, faults from tests/faults.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lra.checkpoints import read_checkpoint
+from lra.run_dir import settings_differences
+from lra.tasks.files import atomic_write
+from lra.tasks.listops import HEADER, read_tsv
+from lra.train import SIGTERM_EXIT_CODE, note_exact_landmarks
+from tests.conftest import compose_config, run_cli
+
+FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    """Every checkpoint and record of the run, byte for byte."""
+    files = [*(run_dir / "checkpoints").iterdir(), run_dir / "results.json", run_dir / "config_resolved.yaml"]
+    return {path.name: path.read_bytes() for path in files}
+
+
+def test_refused_resume_changes_nothing_and_a_cut_short_checkpoint_is_skipped(tiny_listops_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=6", FAULTS, f"hydra.run.dir={run_dir}"]
+    first = run_cli(args, env={"LRA_FAULT_SIGTERM_AT": "3"})
+    assert first.returncode == SIGTERM_EXIT_CODE, first.stderr[-3000:]
+    kept = snapshot(run_dir)
+    assert {"best-2.ckpt", "last.ckpt", "interrupted-3.ckpt"} <= kept.keys()
+    interrupted = json.loads(kept["results.json"])
+    assert interrupted["status"] == "interrupted" and [point[0] for point in interrupted["val_curve"]] == [2]
+
+    for override, named in [("seed=1", "seed: 0 (the run) -> 1 (this command)"),
+                            ("optimizer.lr=1e-3", "optimizer.lr: 0.0001 (the run) -> 0.001 (this command)"),
+                            ("trainer.max_steps=8", "trainer.max_steps: 6 (the run) -> 8 (this command)")]:
+        refused = run_cli([*args, override])
+        assert refused.returncode == 1, refused.stderr[-3000:]
+        assert "NOT RESUMED" in refused.stderr and named in refused.stderr
+        assert "init_from=" in refused.stderr and "nothing in" in refused.stderr
+        assert snapshot(run_dir) == kept, f"{override}: a refused run changed the run dir"
+
+    # A kill during an old, non-atomic save: last.ckpt and interrupted-3.ckpt cut short. The same command names
+    # them, moves them aside and resumes from the newest intact checkpoint (best-2.ckpt).
+    for name in ("last.ckpt", "interrupted-3.ckpt"):
+        path = run_dir / "checkpoints" / name
+        path.write_bytes(kept[name][: len(kept[name]) // 2])
+    resumed = run_cli(args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "last.ckpt does not load" in resumed.stdout and "interrupted-3.ckpt does not load" in resumed.stdout
+    assert f"resuming from {run_dir / 'checkpoints' / 'best-2.ckpt'} (step 2)" in resumed.stdout
+    assert (run_dir / "checkpoints" / "last.ckpt.corrupt").is_file()
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "completed" and record["steps"] == 6 and record["resumed_from_step"] == 2
+    assert [point[0] for point in record["val_curve"]] == [2, 4, 6]
+
+
+def test_full_disk_leaves_no_partial_checkpoint_and_the_rerun_completes(tiny_listops_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["-m", "lra.train", *tiny_listops_overrides, FAULTS, f"hydra.run.dir={run_dir}"]
+    full = run_cli(args, env={"LRA_FAULT_ENOSPC_AT": "3"})  # the step-4 checkpoints hit a full disk
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert "No space left on device" in full.stdout + full.stderr
+    folder = run_dir / "checkpoints"
+    assert not [path for path in run_dir.rglob("*") if path.name.endswith(".tmp")]
+    assert sorted(path.name for path in folder.iterdir()) == ["best-2.ckpt", "last.ckpt"]
+    assert all(torch.load(path, weights_only=False)["global_step"] == 2 for path in folder.iterdir())
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
+
+    rerun = run_cli(args)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "completed" and record["steps"] == 4 and record["resumed_from_step"] == 2
+
+
+def test_a_failed_write_leaves_neither_a_partial_file_nor_its_temporary(tmp_path):
+    target = tmp_path / "results.json"
+    target.write_text("old")
+
+    def full_disk(tmp: Path) -> None:
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        atomic_write(target, full_disk)
+    assert target.read_text() == "old" and sorted(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize("content", [b"PK\x03\x04 cut short", b"not a checkpoint\n"])
+def test_an_unreadable_checkpoint_is_named(content, tmp_path):
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"{path} is not a readable checkpoint"):
+        read_checkpoint(path)
+
+
+def test_only_keys_that_cannot_change_the_result_may_differ():
+    run = {"seed": 0, "optimizer": {"lr": 1e-4}, "logger": {"csv": {}}, "paths": {"output_dir": "a"},
+           "callbacks": {"progress": {"refresh_rate": 10}}, "trainer": {"max_steps": 6, "log_every_n_steps": 10}}
+    rerun = {"seed": 0, "optimizer": {"lr": 1e-3}, "logger": None, "paths": {"output_dir": "b"},
+             "callbacks": {"progress": {"refresh_rate": 1}}, "trainer": {"max_steps": 8, "log_every_n_steps": 1}}
+    assert settings_differences(run, rerun) == [("optimizer.lr", 1e-4, 1e-3), ("trainer.max_steps", 6, 8)]
+
+
+def test_a_damaged_data_file_is_named_and_blank_lines_are_counted(tmp_path, caplog):
+    path = tmp_path / "basic_train.tsv"
+    path.write_bytes(f"{HEADER}\n( MAX 1 2 ]\t2\n\n( MIN 3 \xff ]\t3\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=f"{path}:4: not UTF-8 text"):
+        read_tsv(path)
+    path.write_text(f"{HEADER}\n( MAX 1 2 ]\t2\n\n( MIN 3 4 ]\t3\n")
+    assert read_tsv(path)[1] == [2, 3]
+    assert f"{path}: skipped 1 blank line(s) (line 3)" in caplog.text
+
+
+def test_landmarks_that_cover_every_token_are_noted(capsys, tmp_path):
+    note_exact_landmarks(compose_config(["attention=nystromformer", "attention.num_landmarks=500"], tmp_path))
+    assert "attention.num_landmarks=500 >= task.max_length=200" in capsys.readouterr().out
