@@ -21,6 +21,9 @@ any m ≤ 128 runs. ``W`` and ``RV`` are float32; q/k/v may be float32, float16 
 (float32 accumulation); the output has q's dtype. Needs CUDA tensors, or the Triton interpreter
 (``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; CPU, ~60× slower).
 Cost as CUR: O(nmd + m²d + m³) time; O(nd + md + m²) memory (no O(nm) term).
+
+Each kernel (pair) is a ``torch.library`` custom op (``lra_flashcur::*``) with a fake implementation (shapes
+and dtypes: the ``meta`` device, ``torch.compile``'s tracing) and its autograd formula registered on it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import os
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from attention.cur import CURAttention, _rows
@@ -40,64 +42,119 @@ from kernels.flashcur import launch as kernel_launch
 from kernels.flashcur import ops
 
 
-class _RowAttention(torch.autograd.Function):
-    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` (kernel a) with the tiled backward of ``kernels.flashcur.backward``."""
-
-    @staticmethod
-    def forward(ctx, q_sel, k, v, key_mask):
-        rv, lse = ops.rv_forward(q_sel, k, v, key_mask)
-        ctx.save_for_backward(q_sel, k, v, key_mask, rv, lse)
-        return rv
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_rv):
-        q_sel, k, v, key_mask, rv, lse = ctx.saved_tensors
-        dq_sel, dk, dv = ops.rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
-        return dq_sel.to(q_sel.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+# The kernels as torch.library custom ops: one dispatcher op per kernel (pair), a fake implementation
+# (shapes and dtypes only) that serves the meta device and torch.compile's tracing, and the autograd
+# formulas registered on the forward ops. The backward ops run under no_grad (no double backward).
+Tensor = torch.Tensor
 
 
-class _SelectedSoftmax(torch.autograd.Function):
-    """``U = softmax(s·Q_I K_Jᵀ)`` over valid key slots (kernel b); m×m backward in PyTorch."""
-
-    @staticmethod
-    def forward(ctx, q_sel, k_sel, valid_k):
-        u = ops.u_forward(q_sel, k_sel, valid_k)
-        ctx.save_for_backward(q_sel, k_sel, u)
-        return u
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_u):
-        q_sel, k_sel, u = ctx.saved_tensors
-        scale = q_sel.shape[-1] ** -0.5
-        with autocast_off(u.device.type):
-            d_scores = u * (d_u - (d_u * u).sum(-1, keepdim=True)) * scale  # (B, H, m, m)
-            dq_sel = d_scores @ k_sel.float()
-            dk_sel = d_scores.transpose(-1, -2) @ q_sel.float()
-        return dq_sel.to(q_sel.dtype), dk_sel.to(k_sel.dtype), None
+@torch.library.custom_op("lra_flashcur::rv_forward", mutates_args=())
+def _rv_forward(q_sel: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` (kernel a) -> ``(RV, lse)``, float32 ``(B,H,m,d)``, ``(B,H,m)``."""
+    return ops.rv_forward(q_sel, k, v, key_mask)
 
 
-class _ColumnAttention(torch.autograd.Function):
-    """``Y = softmax(s·Q K_Jᵀ) W`` with rows ``I`` set to ``RV`` (kernel c) and its tiled backward."""
+@_rv_forward.register_fake
+def _(q_sel, k, v, key_mask):
+    return q_sel.new_empty(q_sel.shape, dtype=torch.float32), q_sel.new_empty(q_sel.shape[:-1], dtype=torch.float32)
 
-    @staticmethod
-    def forward(ctx, q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
-        y, lse = ops.out_forward(q, k_sel, valid_k, w, rv, slot)
-        ctx.save_for_backward(q, k_sel, valid_k, w, slot, lse, index_q)
-        ctx.m_padded = rv.shape[2]
-        ctx.overwrite_rows = overwrite_rows
-        return y
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_y):
-        q, k_sel, valid_k, w, slot, lse, index_q = ctx.saved_tensors
-        dq, dk_sel, dw = ops.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
-        d_rv = None
-        if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
-            d_rv = F.pad(_rows(d_y.float(), index_q), (0, 0, 0, ctx.m_padded - index_q.shape[2]))
-        return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None
+@torch.library.custom_op("lra_flashcur::rv_backward", mutates_args=())
+def _rv_backward(q_sel: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, rv: Tensor, lse: Tensor,
+                 d_rv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel (a)'s tiled backward -> ``(dQ_I, dK, dV)``, float32."""
+    return ops.rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
+
+
+@_rv_backward.register_fake
+def _(q_sel, k, v, key_mask, rv, lse, d_rv):
+    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q_sel, k, v))
+
+
+def _rv_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _rv_grad(ctx, d_rv, d_lse):
+    q_sel, k, v, key_mask, rv, lse = ctx.saved_tensors
+    dq_sel, dk, dv = _rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
+    return dq_sel.to(q_sel.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+_rv_forward.register_autograd(_rv_grad, setup_context=_rv_setup)
+
+
+@torch.library.custom_op("lra_flashcur::u_forward", mutates_args=())
+def _u_forward(q_sel: Tensor, k_sel: Tensor, valid_k: Tensor) -> Tensor:
+    """``U = softmax(s·Q_I K_Jᵀ)`` over valid key slots (kernel b), float32 ``(B,H,m,m)``; m×m backward in PyTorch."""
+    return ops.u_forward(q_sel, k_sel, valid_k)
+
+
+@_u_forward.register_fake
+def _(q_sel, k_sel, valid_k):
+    return q_sel.new_empty(*q_sel.shape[:-1], k_sel.shape[-2], dtype=torch.float32)
+
+
+def _u_setup(ctx, inputs, output):
+    q_sel, k_sel, _ = inputs
+    ctx.save_for_backward(q_sel, k_sel, output)
+
+
+def _u_grad(ctx, d_u):
+    q_sel, k_sel, u = ctx.saved_tensors
+    scale = q_sel.shape[-1] ** -0.5
+    with autocast_off(u.device.type):
+        d_scores = u * (d_u - (d_u * u).sum(-1, keepdim=True)) * scale  # (B, H, m, m)
+        dq_sel = d_scores @ k_sel.float()
+        dk_sel = d_scores.transpose(-1, -2) @ q_sel.float()
+    return dq_sel.to(q_sel.dtype), dk_sel.to(k_sel.dtype), None
+
+
+_u_forward.register_autograd(_u_grad, setup_context=_u_setup)
+
+
+@torch.library.custom_op("lra_flashcur::out_forward", mutates_args=())
+def _out_forward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, rv: Tensor, slot: Tensor,
+                 index_q: Tensor, overwrite_rows: bool) -> tuple[Tensor, Tensor]:
+    """``Y = softmax(s·Q K_Jᵀ) W`` with rows ``I`` set to ``RV`` (kernel c) -> ``(Y, lse)``; ``index_q`` and
+    ``overwrite_rows`` serve the backward (``slot`` already encodes the rows in the forward)."""
+    return ops.out_forward(q, k_sel, valid_k, w, rv, slot)
+
+
+@_out_forward.register_fake
+def _(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("lra_flashcur::out_backward", mutates_args=())
+def _out_backward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, slot: Tensor, lse: Tensor,
+                  d_y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel (c)'s tiled backward (the ``C W`` part) -> ``(dQ, dK_J, dW)``, float32."""
+    return ops.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+
+
+@_out_backward.register_fake
+def _(q, k_sel, valid_k, w, slot, lse, d_y):
+    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k_sel, w))
+
+
+def _out_setup(ctx, inputs, output):
+    q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows = inputs
+    ctx.save_for_backward(q, k_sel, valid_k, w, slot, output[1], index_q)
+    ctx.m_padded = rv.shape[2]
+    ctx.overwrite_rows = overwrite_rows
+
+
+def _out_grad(ctx, d_y, d_lse):
+    q, k_sel, valid_k, w, slot, lse, index_q = ctx.saved_tensors
+    dq, dk_sel, dw = _out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+    d_rv = None
+    if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
+        d_rv = F.pad(_rows(d_y.float(), index_q), (0, 0, 0, ctx.m_padded - index_q.shape[2]))
+    return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None
+
+
+_out_forward.register_autograd(_out_grad, setup_context=_out_setup)
 
 
 def _padded_size(m: int) -> int:
@@ -112,8 +169,9 @@ def _padded_size(m: int) -> int:
 
 
 def check_device(q: torch.Tensor) -> None:
-    """FlashCUR runs its kernels on CUDA tensors, or on CPU tensors under the Triton interpreter."""
-    if q.is_cuda or (q.device.type == "cpu" and interpreted()):
+    """FlashCUR runs its kernels on CUDA tensors, or on CPU tensors under the Triton interpreter; on ``meta``
+    tensors (shapes only) the custom ops' fake implementations run instead."""
+    if q.is_cuda or q.device.type == "meta" or (q.device.type == "cpu" and interpreted()):
         return
     hint = (
         "kernels.flashcur was imported without TRITON_INTERPRET=1: set it in the environment before "
@@ -145,8 +203,8 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     valid_k = positions_mask.gather(2, index_k_p) & real_slot
     q_sel = _rows(q, index_q_p).contiguous()
     k_sel = _rows(k, index_k_p).contiguous()
-    rv = _RowAttention.apply(q_sel, k, v, key_mask)  # (B, H, M, d) float32
-    u = _SelectedSoftmax.apply(q_sel, k_sel, valid_k)  # (B, H, M, M) float32
+    rv, _ = _rv_forward(q_sel, k, v, key_mask)  # (B, H, M, d) float32
+    u = _u_forward(q_sel, k_sel, valid_k)  # (B, H, M, M) float32
     with autocast_off(q.device.type):
         u = u.masked_fill(~valid_q[..., None], 0.0) + torch.diag_embed((~valid_q).float())
         # Recomputed in backward: the iteration's m×m intermediates are not kept (only U is).
@@ -154,7 +212,8 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=q.device)
     if overwrite_rows:
         slot.scatter_(2, index_q, torch.arange(m, dtype=torch.int32, device=q.device).expand_as(index_q).contiguous())
-    return _ColumnAttention.apply(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows)
+    y, _ = _out_forward(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows)
+    return y
 
 
 class FlashCURAttention(CURAttention):

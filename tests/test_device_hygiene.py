@@ -87,15 +87,7 @@ def train_step_on_meta(overrides: list[str], batch: int = 2, n: int = 160) -> tu
 VARIANTS = [
     "softmax",
     "curformer",
-    pytest.param(
-        "flashcur",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="FlashCUR's Triton kernels are plain launches behind a torch.autograd.Function and refuse devices "
-            "other than CUDA (or the interpreter); serving meta needs them as a torch.library custom op with "
-            "register_fake and register_autograd (issue 23, item 3)",
-        ),
-    ),
+    "flashcur",
     "nystromformer",
     "proxyformer",
     "l1",
@@ -107,7 +99,11 @@ VARIANTS = [
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
-def test_variant_trains_on_meta_without_host_sync(attention):
+def test_variant_trains_on_meta_without_host_sync(attention, monkeypatch):
+    if attention == "flashcur":
+        # Building FlashCUR refuses a machine with neither CUDA nor the Triton interpreter; on meta no kernel
+        # runs (its torch.library ops' fake implementations give the shapes), so let the build through.
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     model, mode = train_step_on_meta([f"attention={attention}"])
     assert mode.ops > 0
     grads = [p.grad for p in model.parameters() if p.grad is not None]

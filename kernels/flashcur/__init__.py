@@ -5,5 +5,5 @@
 * :mod:`kernels.flashcur.launch`: launch parameters per GPU architecture, dtype and shape (what
   ``tests/test_aot_compile.py`` compiles), and the launch.
 * :mod:`kernels.flashcur.ops`: one function per kernel (pair) that allocates and launches; the
-  autograd wrappers that chain them live in :mod:`attention.flashcur`.
+  custom ops (fake implementations, autograd) that chain them live in :mod:`attention.flashcur`.
 """

@@ -1,7 +1,8 @@
 """The Python side of the FlashCUR kernels: one function per kernel (pair), which allocates the outputs,
 takes the launch parameters for this shape, dtype and GPU (:func:`kernels.flashcur.launch.config`) and
-launches (:func:`kernels.flashcur.launch.launch`). The autograd wrappers that chain them (with
-``W = pinv(U) RV`` in PyTorch between kernels b and c) are in :mod:`attention.flashcur`.
+launches (:func:`kernels.flashcur.launch.launch`). The custom ops that wrap them (fake implementations,
+autograd) and chain them (with ``W = pinv(U) RV`` in PyTorch between kernels b and c) are in
+:mod:`attention.flashcur`.
 
 Forward: :func:`rv_forward` (kernel a), :func:`u_forward` (kernel b), :func:`out_forward` (kernel c)
 of :mod:`kernels.flashcur.forward`; backward: :func:`rv_backward` (kernel a's gradients) and
