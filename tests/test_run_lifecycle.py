@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,19 +33,6 @@ def start(args: list[str]) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def sigterm_once_training(proc: subprocess.Popen, metrics_glob: str, root: Path, timeout: float = 600) -> tuple[str, str]:
-    """SIGTERM ``proc`` once a CSV metrics file under ``root`` has a few training rows; its (stdout, stderr)."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        files = list(root.glob(metrics_glob))
-        if files and len(files[0].read_text().splitlines()) > 3:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
-    os.kill(proc.pid, signal.SIGTERM)
-    return proc.communicate(timeout=300)
-
-
 @pytest.mark.parametrize("override, message", [
     ("optimizer.lr=nan", "optimizer.lr must be a finite number > 0 (got nan)"),
     ("optimizer.lr=-1e-3", "optimizer.lr must be a finite number > 0"),
@@ -54,6 +40,7 @@ def sigterm_once_training(proc: subprocess.Popen, metrics_glob: str, root: Path,
     ("seed=abc", "seed must be an integer (got 'abc')"),
     ("seed=1.5", "seed must be an integer (got 1.5)"),
     ("task.max_length=0", "task.max_length must be an integer >= 1 (got 0)"),
+    ("trainer.max_steps=abc", "trainer.max_steps must be an integer >= 1 (got 'abc')"),
 ])
 def test_bad_settings_name_the_key_and_the_fix(override, message, tmp_path):
     cfg = compose_config(["task=listops_small", "task.eval_every=5", "trainer.max_steps=10", override], tmp_path)
@@ -128,9 +115,10 @@ def test_empty_val_split_stops_before_training(tiny_listops, tmp_path):
 @pytest.mark.slow
 def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished(tiny_listops_overrides, tmp_path):
     sweep = tmp_path / "sweep"
-    base = ["-m", "lra.train", "-m", *tiny_listops_overrides, "seed=0,1", f"hydra.sweep.dir={sweep}"]
-    proc = start([*base, "trainer.max_steps=100000", "trainer.log_every_n_steps=1"])
-    out, err = sigterm_once_training(proc, "0_*/csv/version_0/metrics.csv", sweep)
+    base = ["-m", "lra.train", "-m", *tiny_listops_overrides, "seed=0,1", "trainer.max_steps=6",
+            "+callbacks.faults._target_=tests.faults.Faults", f"hydra.sweep.dir={sweep}"]
+    proc = run_cli(base, env={"LRA_FAULT_SIGTERM_AT": "3"})  # the first job is stopped at step 3, the sweep with it
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == SIGTERM_EXIT_CODE, err[-3000:]
     job0, job1 = sorted(path for path in sweep.iterdir() if path.is_dir() and not path.name.startswith("."))
     first, second = (json.loads((job / "results.json").read_text()) for job in (job0, job1))
@@ -139,8 +127,8 @@ def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished
     assert "[lra] INTERRUPTED by SIGTERM" in out
     assert f"{job0}: interrupted at step {first['steps']}" in err and f"{job1}: not_started" in err
 
-    steps = first["steps"] + 2
-    finish = [*base, f"trainer.max_steps={steps}"]
+    steps = 6
+    finish = base  # a resume keeps the run's settings, trainer.max_steps included
     done = run_cli(finish)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads((job / "results.json").read_text()) for job in (job0, job1)]

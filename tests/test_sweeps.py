@@ -65,7 +65,7 @@ def test_failed_job_is_reported_and_fails_the_sweep(tiny_listops_overrides, tmp_
     # trainer.max_steps=0 makes the second job fail in lra.train's validation, the first trains.
     proc = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, "trainer.max_steps=4,0", f"hydra.sweep.dir={sweep}"])
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "1 job(s) of the sweep" in proc.stderr and "trainer.max_steps must be >= 1" in proc.stderr
+    assert "1 job(s) of the sweep" in proc.stderr and "trainer.max_steps must be an integer >= 1" in proc.stderr
     out = tmp_path / "report.md"
     assert report.main([str(sweep), "--out", str(out)]) == 0
     text = out.read_text()

@@ -21,6 +21,7 @@ checkpoint on it after the test split when the file is present (``independent_te
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import statistics
 from pathlib import Path
@@ -29,6 +30,8 @@ from tqdm import tqdm
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
 from lra.tasks.files import atomic_write_text, file_fingerprint, locked
+
+log = logging.getLogger(__name__)
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -115,15 +118,25 @@ def generate(
 
 
 def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
-    """Parse an official ListOps TSV; a malformed line raises with ``file:line``."""
-    sequences, labels = [], []
-    with path.open() as handle:
-        header = handle.readline().rstrip("\n")
-        if header.split("\t") != ["Source", "Target"]:
-            raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found {header[:60]!r}")
-        for number, line in enumerate(handle, start=2):
-            line = line.rstrip("\n")
-            if not line:
+    """Parse an official ListOps TSV; a malformed or non-UTF-8 line raises with ``file:line``; blank lines are
+    skipped and counted in a warning."""
+    sequences, labels, blank = [], [], []
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found an empty file")
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: not UTF-8 text (byte {raw[error.start:error.start + 1]!r} at column "
+                                 f"{error.start + 1}): the file is damaged or not a ListOps TSV; regenerate it with "
+                                 "'python -m lra.tasks.listops generate' or re-download the LRA release") from None
+            if number == 1:
+                if line.split("\t") != ["Source", "Target"]:
+                    raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found {line[:60]!r}")
+                continue
+            if not line.strip():
+                blank.append(number)
                 continue
             fields = line.split("\t")
             if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
@@ -133,6 +146,9 @@ def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
                 )
             sequences.append(tokenize(fields[0]))
             labels.append(int(fields[1]))
+    if blank:
+        log.warning("%s: skipped %d blank line(s) (line %s)", path, len(blank), ", ".join(map(str, blank[:10])) +
+                    (", ..." if len(blank) > 10 else ""))
     return sequences, labels
 
 
