@@ -70,8 +70,9 @@ def test_failed_job_is_reported_and_fails_the_sweep(tiny_listops_overrides, tmp_
     assert report.main([str(sweep), "--out", str(out)]) == 0
     text = out.read_text()
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
-    assert header[:7] == ["task", "attention", "trainer.max_steps", "seeds", "failed", "interrupted", "missing"]
-    assert sorted(row[2:7] for row in rows) == [["0", "0", "1", "0", "0"], ["4", "1", "0", "0", "0"]]
+    assert text.startswith("### listops_small")  # one table per task; no run interrupted or missing: no such columns
+    assert header[:4] == ["attention", "trainer.max_steps", "seeds", "failed"]
+    assert sorted(row[1:4] for row in rows) == [["0", "0", "1"], ["4", "1", "0"]]
     assert "1 run(s) not completed" in text and "failed: listops_small / softmax / seed 0" in text
 
 
@@ -88,7 +89,8 @@ def test_sweep_naming_a_missing_config_stops_before_any_job(tiny_listops_overrid
 def test_experiment_config_composes(experiment):
     """Composes; each swept config-group option exists, or the message names it."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+        # task=listops: an experiment sweeps LRA tasks (mega_lra's protocol exists for those, not for listops_small)
+        cfg = compose(config_name="train", overrides=[f"experiment={experiment}", "task=listops"], return_hydra_config=True)
         from lra.hydra_callbacks import hydra_group_options, sweep_overrides
 
         problems = missing_options(sweep_overrides(cfg), hydra_group_options(cfg))

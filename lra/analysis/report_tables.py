@@ -53,7 +53,8 @@ COLUMNS = (
     Column("Δ", lambda r: "-" if r["delta"] is None else f"{r['delta']:+.2f}", any_of("published_table")),
     Column("source", lambda r: r["published_table"] or "-", any_of("published_table")),
     Column("p (McNemar)", lambda r: "baseline" if r["baseline"] == r["label"] else
-           "-" if r["p_value"] is None else f"{r['p_value']:.2g}", any_of("p_value")),
+           "-" if r["p_value"] is None else f"{r['p_value']:.2g}" if r["p_value"] > 0 else "< 1e-300",
+           lambda rows: any(row["p_value"] is not None for row in rows)),
     Column("best val %", lambda r: fmt(r["val_acc_best_mean"])),
     Column("steps", lambda r: fmt(r["steps"])),
     Column("train min", lambda r: fmt(r["train_time_min"], 0)),
