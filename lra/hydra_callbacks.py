@@ -1,5 +1,6 @@
-"""Hydra callbacks: check a sweep before its first job starts and record its jobs as ``not_started``;
-after it, exit non-zero naming every job that did not complete.
+"""Hydra callbacks: name an output dir that cannot be written before Hydra's log file fails on it; check a
+sweep before its first job starts and record its jobs as ``not_started``; after it, exit non-zero naming
+every job that did not complete.
 
 Hydra turns an exception raised by a callback into a warning, so these callbacks end the process
 with ``SystemExit`` (exit code 1, message on stderr) instead.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -143,6 +145,29 @@ def unfinished_jobs(sweep_dir: Path) -> list[str]:
             lines.append(f"{path.parent}: not re-run: it holds a completed run of other overrides "
                          f"({' '.join(record.get('overrides') or [])}); sweep into a new hydra.sweep.dir")
     return lines
+
+
+def require_writable(directory: Path, key: str) -> None:
+    """Create ``directory`` and write a scratch file in it, or exit naming the dir, the config ``key`` and the cause."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise SystemExit(f"[lra] cannot write the output dir {directory} ({key}): {error.strerror or error}. "
+                         f"Nothing was run. Choose a writable dir ({key}=<dir>, or paths.log_dir=<dir>) "
+                         f"or make this one writable (read-only mount? full disk? a file in the path?)") from None
+
+
+class WritableOutputDir(Callback):
+    """Before a run or sweep: its output dir must be writable (Hydra's own error, "Unable to configure
+    handler 'file'", names neither the dir nor the cause)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        require_writable(Path(str(config.hydra.run.dir)), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        require_writable(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")
 
 
 class FailOnFailedJobs(Callback):

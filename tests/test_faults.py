@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,7 @@ from lra.run_dir import settings_differences
 from lra.tasks.files import atomic_write
 from lra.tasks.listops import HEADER, read_tsv
 from lra.train import SIGTERM_EXIT_CODE, note_exact_landmarks
-from tests.conftest import compose_config, run_cli
+from tests.conftest import REPO_ROOT, compose_config, run_cli
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
 
@@ -120,3 +125,34 @@ def test_a_damaged_data_file_is_named_and_blank_lines_are_counted(tmp_path, capl
 def test_landmarks_that_cover_every_token_are_noted(capsys, tmp_path):
     note_exact_landmarks(compose_config(["attention=nystromformer", "attention.num_landmarks=500"], tmp_path))
     assert "attention.num_landmarks=500 >= task.max_length=200" in capsys.readouterr().out
+
+
+
+def read_only_mount_works(folder: Path) -> bool:
+    probe = f"mount --bind {folder} {folder} && mount -o remount,ro,bind {folder} && ! touch {folder}/x"
+    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-m", "sh", "-c", probe],
+                                                                  capture_output=True).returncode == 0
+
+
+def test_a_read_only_run_dir_is_named_before_anything_runs(tiny_listops_overrides, tmp_path):
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    if not read_only_mount_works(mount):
+        pytest.skip("needs `unshare -m` and mount rights (a private read-only bind mount)")
+    command = shlex.join([sys.executable, "-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={mount / 'run'}"])
+    result = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {mount} {mount} && "
+                             f"mount -o remount,ro,bind {mount} && {command}"], capture_output=True, text=True,
+                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"cannot write the output dir {mount / 'run'} (hydra.run.dir): Read-only file system" in result.stderr
+    assert "Unable to configure handler" not in result.stdout + result.stderr
+    assert not any(mount.iterdir()) and not (tmp_path / "cache").exists()
+
+
+def test_an_unwritable_sweep_dir_is_named_before_any_job_runs(tiny_listops_overrides, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    result = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, "seed=0,1", f"hydra.sweep.dir={blocker / 'sweep'}"])
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"cannot write the output dir {blocker / 'sweep'} (hydra.sweep.dir): Not a directory" in result.stderr
+    assert blocker.read_text() == "not a folder" and not (tmp_path / "cache").exists()
