@@ -172,6 +172,8 @@ class L1Score(nn.Module):
     default (3 is the paper's "robust").
     """
 
+    rotation_invariant = False  # ‖Rq − Rk‖₁ ≠ ‖q − k‖₁: rotary positions are not relative under this score
+
     def __init__(self, lam: float = 1.0):
         super().__init__()
         if not lam > 0:

@@ -46,6 +46,20 @@ def read_checkpoint(ckpt_path: str | Path) -> dict:
     return checkpoint
 
 
+POSITIONS_BY_FLAG = {True: "models.positions.LearnedPositions", False: "models.positions.NoPositions"}
+
+
+def training_settings(ckpt_path: str | Path) -> dict | None:
+    """The ``attention`` and ``model`` settings a checkpoint was trained with (None if it predates them),
+    in today's keys: ``model.learned_positions: bool`` (before ``model/positions``) becomes the
+    equivalent ``model.positions`` node."""
+    settings = read_checkpoint(ckpt_path).get("settings")
+    model = (settings or {}).get("model", {})
+    if "learned_positions" in model:
+        model["positions"] = {"_target_": POSITIONS_BY_FLAG[bool(model.pop("learned_positions"))], "_partial_": True}
+    return settings
+
+
 def load_transferred_weights(model: nn.Module, ckpt_path: str | Path) -> dict[str, list[str]]:
     """Load a Lightning checkpoint's ``model.*`` weights into ``model``.
 

@@ -13,17 +13,20 @@ import torch
 from torch import nn
 
 from models.pooling import masked_mean
+from models.positions import LearnedPositions
 
 
 class Encoder(nn.Module):
-    """Token + learned positional embedding, ``num_layers`` blocks, final LayerNorm, pooling, head.
+    """Token embedding + positions, ``num_layers`` blocks, final LayerNorm, pooling, head.
 
     ``block``, ``head`` and ``attention`` are factories (Hydra ``_partial_`` configs, built by
     ``lra.module.build_model``); ``attention(num_heads=, head_dim=)`` builds one attention module and is
     handed to every block. ``forward`` returns ``(logits, aux_losses)``.
     ``embedding_init_std``: token and position embeddings start N(0, std²) (the reference LRA code's
-    0.02); ``None`` keeps PyTorch's N(0, 1). ``learned_positions=False`` drops the absolute position
-    embedding (MEGA's LRA encoder has none). ``pooling(x, key_mask) -> (B, d)`` (models/pooling.py).
+    0.02); ``None`` keeps PyTorch's N(0, 1). ``positions(max_length=, d_model=)`` builds the position
+    information (:mod:`models.positions`: learned, sinusoidal, rotary or none), kept as
+    ``position_embedding``: it adds absolute positions to the embeddings and may wrap the attention
+    factory (rotary). ``pooling(x, key_mask) -> (B, d)`` (models/pooling.py).
     ``final_norm(d_model)`` builds the norm before pooling (MEGA's post-norm encoders: ``nn.Identity``).
     """
 
@@ -41,17 +44,18 @@ class Encoder(nn.Module):
         ffn_dim: int = 128,
         dropout: float = 0.1,
         embedding_init_std: float | None = 0.02,
-        learned_positions: bool = True,
+        positions: Callable[..., nn.Module] = LearnedPositions,
         pooling: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = masked_mean,
         final_norm: Callable[[int], nn.Module] = nn.LayerNorm,
     ):
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, d_model)
-        self.position_embedding = nn.Embedding(max_length, d_model) if learned_positions else None
+        self.position_embedding = positions(max_length=max_length, d_model=d_model)
         if embedding_init_std is not None:
             for embedding in (self.token_embedding, self.position_embedding):
-                if embedding is not None:
+                if isinstance(embedding, nn.Embedding):
                     nn.init.normal_(embedding.weight, std=embedding_init_std)
+        attention = self.position_embedding.wrap(attention)
         self.embedding_dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             block(d_model=d_model, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout, attention=attention)
@@ -67,10 +71,7 @@ class Encoder(nn.Module):
         n = input_ids.shape[-1]
         if n > self.max_length:
             raise ValueError(f"sequence of {n} tokens exceeds the model's max_length={self.max_length} (task.max_length)")
-        x = self.token_embedding(input_ids)
-        if self.position_embedding is not None:
-            x = x + self.position_embedding(torch.arange(n, device=input_ids.device))
-        return self.embedding_dropout(x)
+        return self.embedding_dropout(self.position_embedding.add(self.token_embedding(input_ids)))
 
     def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
         """``(B, n)`` ids and mask -> pooled features ``(B, d_model)``."""

@@ -119,8 +119,11 @@ def test_variant_trains_on_meta_without_host_sync(attention, monkeypatch):
         ["attention=megacur", "model.block.chunk_size=32", "attention.function._target_=attention.mega.Laplace"],
         ["attention=mega", "model.block.chunk_size=32"],
         ["attention=liza", "attention/linear=delta", "attention.base_window=16", "attention.learned_gate=true"],
+        ["attention=curformer", "model/positions=rotary"],
+        ["attention=softmax", "model/positions=sinusoidal"],
     ],
-    ids=["curformer-step", "nystromformer-global-short", "megacur-chunked-laplace", "mega-chunked", "liza-delta-window"],
+    ids=["curformer-step", "nystromformer-global-short", "megacur-chunked-laplace", "mega-chunked", "liza-delta-window",
+         "curformer-rotary", "softmax-sinusoidal"],
 )
 def test_other_settings_train_on_meta_without_host_sync(overrides):
     _, mode = train_step_on_meta(overrides)

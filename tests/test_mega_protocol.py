@@ -23,6 +23,7 @@ from tests.conftest import CONFIG_DIR, compose_config
 
 PUBLISHED = yaml.safe_load((REPO_ROOT / "lra" / "analysis" / "published.yaml").read_text())
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+NO_POSITIONS = "models.positions.NoPositions"  # MEGA's LRA encoder has no absolute positions
 
 
 def direct_ema(ema: BidirectionalEMA, x: torch.Tensor, lags: int, shift: bool) -> torch.Tensor:
@@ -154,8 +155,8 @@ def test_cur_table1_composes_megas_protocol_for_the_mega_rows(task, attention):
     cfg = compose_config(["experiment=cur_table1", f"task={task}", f"attention={attention}"])
     want = MEGA[task]
     got = (cfg.model.num_layers, cfg.model.d_model, cfg.model.block.z_dim, cfg.model.block.hidden_dim,
-           cfg.model.block.norm, cfg.model.block.prenorm, cfg.model.learned_positions, cfg.model.final_norm.kind)
-    assert got == (want["layers"], want["d"], want["z"], want["hidden"], want["norm"], want["prenorm"], False,
+           cfg.model.block.norm, cfg.model.block.prenorm, cfg.model.positions._target_, cfg.model.final_norm.kind)
+    assert got == (want["layers"], want["d"], want["z"], want["hidden"], want["norm"], want["prenorm"], NO_POSITIONS,
                    want["norm"] if want["prenorm"] else None)
     assert cfg.model.block.attention_function == want["fn"].lower()
     assert (cfg.model.block.hidden_dropout, cfg.model.block.ema_truncation, cfg.model.block.ema_shift) == (0.0, 1024, True)
@@ -188,8 +189,8 @@ def test_mega_lra_composes_the_tasks_protocol_file(task, overrides):
         want["layers"], want["d"], want["hidden"], want["z"], want["hidden"])
     assert (cfg.model.block.norm, cfg.model.block.prenorm, cfg.model.block.attention_function) == (
         want["norm"], want["prenorm"], want["fn"].lower())
-    assert (cfg.model.learned_positions, cfg.model.final_norm.kind, cfg.model.embedding_init_std) == (
-        False, want["norm"] if want["prenorm"] else None, recipe["std"])
+    assert (cfg.model.positions._target_, cfg.model.final_norm.kind, cfg.model.embedding_init_std) == (
+        NO_POSITIONS, want["norm"] if want["prenorm"] else None, recipe["std"])
     assert (cfg.model.dropout, cfg.model.block.ndim, cfg.model.block.chunk_size) == (0.0 if want["prenorm"] else 0.1, 16, None)
     assert (cfg.model.block.hidden_dropout, cfg.model.block.ema_truncation, cfg.model.block.ema_shift) == (0.0, 1024, True)
     assert (cfg.optimizer.lr, cfg.scheduler.max_lr, cfg.optimizer.weight_decay) == (want["lr"], want["lr"], recipe["wd"])
@@ -218,7 +219,7 @@ def test_cur_table1_keeps_the_transformer_rows_on_the_papers_setting(task):
 def test_protocol_models_build_with_megas_modules(task, attention):
     model = build_model(compose_config(["experiment=cur_table1", f"task={task}", f"attention={attention}"]))
     block = model.blocks[0]
-    assert model.position_embedding is None and len(model.blocks) == MEGA[task]["layers"]
+    assert type(model.position_embedding).__name__ == "NoPositions" and len(model.blocks) == MEGA[task]["layers"]
     assert type(block.attend.score.function).__name__ == MEGA[task]["fn"]
     expected_norm = {"batch": MaskedBatchNorm, "scale": ScaleNorm}[MEGA[task]["norm"]]
     assert isinstance(block.norm, expected_norm) and block.prenorm == MEGA[task]["prenorm"]
