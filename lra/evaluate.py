@@ -85,9 +85,10 @@ def main(cfg: DictConfig) -> float:
     except Exception as error:
         write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}", transferred_from=str(cfg.ckpt_path))
         raise
+    else:  # before `finally`: the record also goes into the W&B run's summary, which finish_wandb closes
+        path = write_results(run_dir, cfg, "completed", **metrics)
     finally:
         finish_wandb()
-    path = write_results(run_dir, cfg, "completed", **metrics)
     print(f"[lra] {cfg.attention.name} on {cfg.task.name} from {cfg.ckpt_path}: test acc {metrics['test_acc']:.4f}; "
           f"results: {path}", flush=True)
     return metrics["test_acc"]

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lra import REPO_ROOT
 from lra.tasks.files import atomic_write_text
+from lra.wandb_summary import write_summary
 
 
 @functools.cache
@@ -37,12 +38,20 @@ def git_commit() -> str | None:
     return commit + ("+dirty" if dirty else "")
 
 
-def peak_memory_bytes() -> int:
-    """CUDA ``max_memory_allocated`` when training ran on a GPU, else this process's peak RSS."""
+def peak_memory() -> tuple[int, str]:
+    """``(bytes, what they measure)``: CUDA ``max_memory_allocated`` since :func:`reset_peak_memory` when training ran
+    on a GPU (``cuda_max_allocated``), else the peak RSS of this process since it started (``process_peak_rss``:
+    in a sweep whose jobs share a process, the largest job's so far)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return int(torch.cuda.max_memory_allocated())
+        return int(torch.cuda.max_memory_allocated()), "cuda_max_allocated"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
+    return int(rss if sys.platform == "darwin" else rss * 1024), "process_peak_rss"
+
+
+def reset_peak_memory() -> None:
+    """Start a run's CUDA peak anew (the jobs of a sweep may share a process); peak RSS cannot be reset."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
 
 
 def job_overrides() -> list[str]:
@@ -87,11 +96,13 @@ def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) ->
     """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics.
 
     Beside it, ``config_resolved.yaml`` (every interpolation resolved; Hydra's ``.hydra/config.yaml``
-    keeps them unresolved). Under DDP only global rank 0 writes (every rank returns the same path).
+    keeps them unresolved); its scalars also go into the W&B run summary, if there is a run
+    (:func:`lra.wandb_summary.write_summary`). Under DDP only global rank 0 writes (every rank returns the same path).
     """
     path = Path(run_dir) / "results.json"
     if rank_zero_only.rank != 0:
         return path
+    peak_mem_bytes, peak_mem_measure = peak_memory()
     record = {
         "task": cfg.task.name,
         "attention": cfg.attention.name,
@@ -102,7 +113,8 @@ def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) ->
         "steps": None,
         "train_time_s": None,
         "samples_per_s": None,
-        "peak_mem_bytes": peak_memory_bytes(),
+        "peak_mem_bytes": peak_mem_bytes,
+        "peak_mem_measure": peak_mem_measure,
         **fields,
         "git_commit": git_commit(),
         "overrides": job_overrides(),
@@ -116,4 +128,5 @@ def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) ->
     except Exception as error:  # an unresolvable value is often why the run failed: keep results.json
         record["config_resolve_error"] = f"{type(error).__name__}: {error}"
     atomic_write_text(path, json.dumps(record, indent=2, default=str))
+    write_summary(record)
     return path

@@ -33,7 +33,9 @@ from lra.config import CONFIG_DIR
 from lra.hydra_callbacks import unfinished_jobs
 from lra.module import build_module
 from lra.run_dir import ResumeRefused, check_resume, checkpoints, claim, resume_checkpoint
-from lra.results import config_differences, git_commit, job_overrides, read_results, write_predictions, write_results
+from lra.results import (config_differences, git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
+                         write_results)
+from lra.wandb_summary import run_config
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
@@ -93,8 +95,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         module.model = instantiate(cfg.finetune)(module.model)
     trainer = build_trainer(cfg, run_dir)
     for logger in trainer.loggers:
-        logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": job_overrides()})
+        logger.log_hyperparams(run_config(cfg, job_overrides()))
     resume_from, resumed_from_step = resume_checkpoint(run_dir)
+    reset_peak_memory()
     started = time.perf_counter()
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
@@ -233,9 +236,10 @@ def main(cfg: DictConfig) -> float | None:
         if not multirun:
             raise
         return None
+    else:  # before `finally`: the record also goes into the W&B run's summary, which finish_wandb closes
+        path = write_results(run_dir, cfg, "completed", **metrics)
     finally:
         finish_wandb()
-    path = write_results(run_dir, cfg, "completed", **metrics)
     independent = (f", independent test acc {metrics['independent_test_acc']:.4f}"
                    if "independent_test_acc" in metrics else "")
     print(f"[lra] test acc {metrics['test_acc']:.4f}{independent} (best val {metrics['val_acc_best']:.4f}); "

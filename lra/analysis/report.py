@@ -237,14 +237,21 @@ def wandb_runs(path: str, group: str | None) -> list[dict]:
         raise RuntimeError(f"could not read W&B runs of {path}: {error}. --wandb needs network access and `wandb login`;"
                            f" offline runs must be uploaded first: wandb sync <run dir>/wandb/offline-run-*") from error
     states = {"finished": "completed", "running": "missing"}
-    return [{
-        "task": lookup(dict(run.config), "task.name"), "attention": lookup(dict(run.config), "attention.name"),
-        "seed": run.config.get("seed"), "status": states.get(run.state, "failed"), "error": f"W&B state {run.state}",
-        "test_acc": run.summary.get("test/acc"), "val_acc_best": run.summary.get("val/acc_best"),
-        "independent_test_acc": run.summary.get(f"{INDEPENDENT_TEST}/acc"),
-        "samples_per_s": None, "peak_mem_bytes": None, "overrides": list(run.config.get("overrides") or []),
-        "tags": list(run.tags), "config": dict(run.config), "path": run.url,
-    } for run in api_runs]
+    records = []
+    for run in api_runs:
+        summary = run.summary  # results.json's scalars under lra.wandb_summary's names
+        config = dict(run.config.get("config") or run.config)  # runs logged before lra.wandb_summary: at the top
+        records.append({
+            "task": lookup(config, "task.name"), "attention": lookup(config, "attention.name"), "seed": config.get("seed"),
+            "status": summary.get("status") or states.get(run.state, "failed"),
+            "error": summary.get("error") or f"W&B state {run.state}",
+            "test_acc": summary.get("test/acc"), "val_acc_best": summary.get("val/acc_best"),
+            "independent_test_acc": summary.get(f"{INDEPENDENT_TEST}/acc"), "steps": summary.get("steps"),
+            "train_time_s": summary.get("train_time_s"), "samples_per_s": summary.get("perf/samples_per_s"),
+            "peak_mem_bytes": summary.get("perf/peak_mem_bytes"), "overrides": list(run.config.get("overrides") or []),
+            "tags": list(run.tags), "config": config, "path": run.url,
+        })
+    return records
 
 
 def main(argv: list[str] | None = None) -> int:
