@@ -24,7 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lra.checkpoints import load_transferred_weights, read_checkpoint
+from lra.checkpoints import load_transferred_weights, training_settings
 from lra.config import CONFIG_DIR
 from lra.module import CHECKPOINT_SETTINGS, build_module
 from lra.results import job_overrides, write_results
@@ -36,7 +36,7 @@ def with_checkpoint_settings(cfg: DictConfig, overrides: list[str]) -> DictConfi
     ``lra.train``), except a group the command line chooses (``attention=...``, ``model=...``, ``model/...=``,
     or an ``experiment``); dotted overrides (``attention.num_landmarks=32``) apply on top of the stored node.
     Checkpoints written before the settings were stored keep the composed config (a note says so)."""
-    stored = read_checkpoint(cfg.ckpt_path).get("settings")
+    stored = training_settings(cfg.ckpt_path)
     if not stored:
         print(f"[lra] {cfg.ckpt_path} holds no training settings (written before they were stored): the model is "
               f"built from the command line's attention={cfg.attention.name} and model config", flush=True)
