@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-COMMANDS = ["lra-train", "lra-evaluate", "lra-report", "lra-bench"]
+COMMANDS = ["lra-train", "lra-evaluate", "lra-report", "lra-bench", "lra-dashboard"]
 BIN = Path(sys.executable).parent
 
 
@@ -27,7 +27,7 @@ def test_commands_are_installed():
     assert not missing, f"{missing} not in {BIN}: install the project into the virtualenv with `make setup` (pip install -e .)"
 
 
-@pytest.mark.parametrize("command", ["lra-evaluate", "lra-report", "lra-bench"])  # lra-train: the run below
+@pytest.mark.parametrize("command", ["lra-evaluate", "lra-report", "lra-bench", "lra-dashboard"])  # lra-train: the run below
 def test_command_starts_from_another_directory(command, tmp_path):
     proc = outside_the_checkout([str(BIN / command), "--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
