@@ -5,7 +5,11 @@
 //   distance:  out[p, i, j] = scale * sum_e |q[p, i, e] - kt[p, e, j]|     q (P, a, d), kt (P, d, b), out (P, a, b)
 //   sign_grad: dq[p, i, :]  = scale * sum_j g[p, i, j] sign(q_i - k_j)     g (P, a, b), k (P, b, d); dq overwritten
 //              dk[p, j, :] -= scale * sum_i g[p, i, j] sign(q_i - k_j)     dk (P, b, d) accumulated; d % W == 0
-// GCC vector extensions (64-byte vectors) let the compiler pick the SIMD width of the -m flags.
+// GCC vector extensions; one vector is one register of the instruction set l1_cpu.py compiles for
+// (-DLRA_VECTOR_BYTES: 64 with AVX-512, 32 with AVX2, 16 otherwise: SSE2, which every x86-64 has, or NEON).
+// A vector wider than the registers is split into several, so the register tiles below no longer fit and
+// spill, and GCC lowers its comparisons lane by lane (scalar compares and branches): width and tiles must
+// follow the -m flags.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,22 +17,44 @@
 #include <thread>
 #include <vector>
 
+#ifndef LRA_VECTOR_BYTES
+#define LRA_VECTOR_BYTES 16
+#endif
+
 namespace {
+
+constexpr int kBytes = LRA_VECTOR_BYTES;
+static_assert(kBytes == 16 || kBytes == 32 || kBytes == 64, "LRA_VECTOR_BYTES must be 16, 32 or 64");
+
+// Register tiles, sized so that the vectors live across the inner loops fit the register file: 32 registers
+// with AVX-512, 16 otherwise (AVX2, SSE2; NEON's 32 are not used).
+//   distance_rows:  kDistanceRows x kDistanceVectors accumulators + kDistanceVectors key vectors, a broadcast
+//                   query and the abs mask (AVX-512: 16 + 4, AVX2/SSE2: 8 + 4).
+//   sign_grad_rows: column groups of NV <= kSignGroup vectors, R = kSignTile / NV rows: R x NV accumulators
+//                   + NV key vectors + NV dk sums + a broadcast g, two temporaries and two constants; with 32
+//                   registers the R x NV query vectors are held as well (AVX-512: 8 + 8 + <= 9 + 4), with 16
+//                   they are reloaded from L1 at each use (AVX2: 8 + <= 5 + 4, GCC folds the key loads
+//                   into the subtractions where registers run short; SSE2's two-operand instructions need a
+//                   copy more, so 6 accumulators there).
+constexpr bool kWide = kBytes == 64;
+constexpr int kDistanceRows = kWide ? 8 : 4, kDistanceVectors = 2;
+constexpr int kSignGroup = kWide ? 4 : 2, kSignTile = kBytes == 16 ? 6 : 8;
+constexpr bool kHoldQueries = kWide;
 
 template <typename T> struct Simd;
 template <> struct Simd<float> {
-  typedef float vec __attribute__((vector_size(64)));
-  typedef int32_t bits __attribute__((vector_size(64)));
+  typedef float vec __attribute__((vector_size(kBytes)));
+  typedef int32_t bits __attribute__((vector_size(kBytes)));
   static constexpr int32_t sign = INT32_MIN;
 };
 template <> struct Simd<double> {
-  typedef double vec __attribute__((vector_size(64)));
-  typedef int64_t bits __attribute__((vector_size(64)));
+  typedef double vec __attribute__((vector_size(kBytes)));
+  typedef int64_t bits __attribute__((vector_size(kBytes)));
   static constexpr int64_t sign = INT64_MIN;
 };
 template <typename T> using vec = typename Simd<T>::vec;
 template <typename T> using bits = typename Simd<T>::bits;
-template <typename T> constexpr int W = 64 / sizeof(T);
+template <typename T> constexpr int W = kBytes / sizeof(T);
 
 template <typename T> inline vec<T> load(const T* p) {
   vec<T> v;
@@ -57,7 +83,7 @@ template <typename F> void parallel(int64_t n, int threads, F f) {
 // vector loaded once per R queries.
 template <typename T, int R>
 void distance_rows(const T* q, const T* kt, T* out, int64_t b, int64_t d, T scale) {
-  constexpr int JV = 2, J = JV * W<T>;
+  constexpr int JV = kDistanceVectors, J = JV * W<T>;
   int64_t j = 0;
   for (; j + J <= b; j += J) {
     vec<T> acc[R][JV] = {};
@@ -83,7 +109,7 @@ void distance_rows(const T* q, const T* kt, T* out, int64_t b, int64_t d, T scal
 template <typename T>
 void distance(const T* q, int64_t qs, const T* kt, T* out, int64_t P, int64_t a, int64_t b, int64_t d, T scale,
               int threads) {
-  constexpr int R = 8;
+  constexpr int R = kDistanceRows;
   const int64_t blocks = (a + R - 1) / R;
   parallel(P * blocks, threads, [=](int64_t lo, int64_t hi) {
     for (int64_t task = lo; task < hi; ++task) {
@@ -101,18 +127,20 @@ void distance(const T* q, int64_t qs, const T* kt, T* out, int64_t P, int64_t a,
 }
 
 // R query rows, NV vectors of columns (starting at the given pointers, row stride d), against all b keys.
+// The query vectors are held in registers when kHoldQueries, else loaded at each use.
 template <typename T, int R, int NV>
 void sign_grad_rows(const T* g, const T* q, const T* k, T* dq, T* dk, int64_t b, int64_t d, T scale) {
   vec<T> qv[R][NV], acc[R][NV] = {};
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < NV; ++u) qv[r][u] = load(q + r * d + u * W<T>);
+  if constexpr (kHoldQueries)
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < NV; ++u) qv[r][u] = load(q + r * d + u * W<T>);
   for (int64_t j = 0; j < b; ++j) {
     vec<T> kv[NV], dkv[NV] = {};
     for (int u = 0; u < NV; ++u) kv[u] = load(k + j * d + u * W<T>);
     for (int r = 0; r < R; ++r) {
       vec<T> gr = splat(g[r * b + j]);
       for (int u = 0; u < NV; ++u) {
-        vec<T> s = times_sign<T>(gr, qv[r][u] - kv[u]);
+        vec<T> s = times_sign<T>(gr, (kHoldQueries ? qv[r][u] : load(q + r * d + u * W<T>)) - kv[u]);
         acc[r][u] += s;
         dkv[u] += s;
       }
@@ -125,7 +153,7 @@ void sign_grad_rows(const T* g, const T* q, const T* k, T* dq, T* dk, int64_t b,
 
 template <typename T, int NV>
 void sign_grad_columns(const T* g, const T* q, const T* k, T* dq, T* dk, int64_t a, int64_t b, int64_t d, T scale) {
-  constexpr int R = NV <= 1 ? 8 : NV == 2 ? 4 : 2;
+  constexpr int R = kSignTile / NV;
   int64_t i = 0;
   for (; i + R <= a; i += R) sign_grad_rows<T, R, NV>(g + i * b, q + i * d, k, dq + i * d, dk, b, d, scale);
   for (; i < a; ++i) sign_grad_rows<T, 1, NV>(g + i * b, q + i * d, k, dq + i * d, dk, b, d, scale);
@@ -136,14 +164,14 @@ void sign_grad(const T* g, const T* q, int64_t qs, const T* k, T* dq, T* dk, int
                int64_t d, T scale, int threads) {
   parallel(P, threads, [=](int64_t lo, int64_t hi) {  // one problem per task: dk rows are summed over queries
     for (int64_t p = lo; p < hi; ++p)
-      for (int64_t e = 0; e < d; e += 4 * W<T>) {  // groups of <= 4 vectors of columns (signs are per column)
+      for (int64_t e = 0; e < d; e += kSignGroup * W<T>) {  // groups of vectors of columns (signs are per column)
         const T *gp = g + p * a * b, *qp = q + p * qs + e, *kp = k + p * b * d + e;
         T *dqp = dq + p * qs + e, *dkp = dk + p * b * d + e;
-        switch (std::min<int64_t>(4, (d - e) / W<T>)) {
+        switch (std::min<int64_t>(kSignGroup, (d - e) / W<T>)) {  // cases above kSignGroup never occur
           case 1: sign_grad_columns<T, 1>(gp, qp, kp, dqp, dkp, a, b, d, scale); break;
           case 2: sign_grad_columns<T, 2>(gp, qp, kp, dqp, dkp, a, b, d, scale); break;
-          case 3: sign_grad_columns<T, 3>(gp, qp, kp, dqp, dkp, a, b, d, scale); break;
-          default: sign_grad_columns<T, 4>(gp, qp, kp, dqp, dkp, a, b, d, scale); break;
+          case 3: sign_grad_columns<T, std::min(3, kSignGroup)>(gp, qp, kp, dqp, dkp, a, b, d, scale); break;
+          default: sign_grad_columns<T, kSignGroup>(gp, qp, kp, dqp, dkp, a, b, d, scale); break;
         }
       }
   });
@@ -152,6 +180,7 @@ void sign_grad(const T* g, const T* q, int64_t qs, const T* k, T* dq, T* dk, int
 }  // namespace
 
 extern "C" {
+int l1_vector_bytes() { return kBytes; }
 void l1_distance_f32(const float* q, int64_t qs, const float* kt, float* out, int64_t P, int64_t a, int64_t b,
                      int64_t d, float scale, int threads) {
   distance(q, qs, kt, out, P, a, b, d, scale, threads);

@@ -17,7 +17,7 @@ in backward. Attention dropout (training) drops entries of ``P`` with a mask dra
 seeded generator, regenerated in backward (``δ`` is unchanged: ``Σ_j P_ij dP_ij = dY_i · Y_i``).
 
 Build: ``l1_cpu.cpp`` is compiled on first use with the system C++ compiler (``$CXX``, else ``c++``;
--O3 and the SIMD flags of ``torch.backends.cpu.get_cpu_capability()``) into
+-O3, the SIMD flags of ``torch.backends.cpu.get_cpu_capability()`` and the matching vector size) into
 ``$LRA_KERNEL_CACHE`` (default ``~/.cache/lra-attention``), keyed by a hash of the source and the
 flags, and loaded with ``ctypes`` (no PyTorch headers: about a second of compiler time). Without a
 compiler it raises; there is no silent fallback on CPU. Other devices use the PyTorch path of
@@ -38,11 +38,22 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("l1_cpu.cpp")
-SIMD_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma"],
-    "AVX2": ["-mavx2", "-mfma"],
+SIMD_FLAGS = {  # ATen CPU capability: compiler flags and the kernels' vector size in bytes (one register)
+    "AVX512": (["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma"], 64),
+    "AVX2": (["-mavx2", "-mfma"], 32),
 }
-VECTOR_BYTES = 64  # the kernels' vector size: sign_grad needs d padded to a multiple of 64 / itemsize
+BASELINE = ([], 16)  # any other capability: the baseline instruction set (SSE2 on x86-64, NEON on AArch64)
+
+
+def simd() -> tuple[list[str], int]:
+    """Flags and vector bytes for this process's ``torch.backends.cpu.get_cpu_capability()``
+    (``ATEN_CPU_CAPABILITY=default|avx2`` lowers it); the kernel's register tiles follow the vector size."""
+    return SIMD_FLAGS.get(torch.backends.cpu.get_cpu_capability(), BASELINE)
+
+
+def vector_bytes() -> int:
+    """The kernels' vector size: :func:`sign_grad` needs d padded to a multiple of ``vector_bytes() / itemsize``."""
+    return simd()[1]
 
 
 def cache_dir() -> Path:
@@ -59,8 +70,8 @@ def build(compiler: str | None = None) -> Path:
             f"L1 attention on CPU compiles its kernel ({SOURCE.name}) on first use, but the C++ compiler "
             f"{compiler!r} was not found on PATH: install one (e.g. 'apt-get install g++') or set CXX to its path"
         )
-    flags = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread",
-             *SIMD_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])]
+    simd_flags, width = simd()
+    flags = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", *simd_flags, f"-DLRA_VECTOR_BYTES={width}"]
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     path = cache_dir() / f"l1_cpu-{key}.so"
     if not path.exists():
@@ -78,6 +89,9 @@ def build(compiler: str | None = None) -> Path:
 def library() -> ctypes.CDLL:
     """The compiled kernels (built by :func:`build` on first call)."""
     lib = ctypes.CDLL(str(build()))
+    if lib.l1_vector_bytes() != vector_bytes():  # pad_columns pads to Python's width, the kernels read theirs
+        raise RuntimeError(f"{SOURCE.name} was compiled for {lib.l1_vector_bytes()}-byte vectors, but "
+                           f"l1_cpu.vector_bytes() is {vector_bytes()}: build() and vector_bytes() must agree")
     i64, ptr, threads = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
         getattr(lib, f"l1_distance_{suffix}").argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, real, threads]
@@ -117,7 +131,7 @@ def distance(q: torch.Tensor, kt: torch.Tensor, scale: float, out: torch.Tensor 
 
 def pad_columns(x: torch.Tensor) -> torch.Tensor:
     """``x`` ``(..., d)`` contiguous, zero-padded to a multiple of the vector width (sign(0 − 0) = 0 adds nothing)."""
-    width = VECTOR_BYTES // x.element_size()
+    width = vector_bytes() // x.element_size()
     extra = -x.shape[-1] % width
     return torch.nn.functional.pad(x, (0, extra)).contiguous() if extra else x.contiguous()
 
@@ -130,7 +144,7 @@ def sign_grad(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, dq: torch.Tenso
     """
     problems, a, d = q.shape
     b = k.shape[1]
-    if (d * q.element_size()) % VECTOR_BYTES or _rows_view(q) != _rows_view(dq) or not k.is_contiguous():
+    if (d * q.element_size()) % vector_bytes() or _rows_view(q) != _rows_view(dq) or not k.is_contiguous():
         raise ValueError(f"sign_grad: pad d ({d}) with pad_columns, give q and dq the same strides, contiguous k")
     if not (g.is_contiguous() and dk.is_contiguous() and g.shape == (problems, a, b) and dk.shape == k.shape
             and dq.shape == q.shape and k.shape == (problems, b, d)):
