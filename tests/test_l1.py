@@ -172,6 +172,37 @@ def test_kernels_give_identical_results_on_several_threads():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("d", [1, 5, 24, 40, 56, 68])
+def test_kernels_match_a_float64_reference_for_every_tile_and_tail(dtype, d):
+    """Both kernels called directly (float32 too, not only the attention tests' float64) on a row slice of the
+    queries, against dense float64 sums. After padding, the d values give every column-group size of every
+    vector width (4, 8, 16 floats and 2, 4, 8 doubles: SSE2, AVX2, AVX-512); 19 query rows end in a tail
+    after whole row tiles (8, 6, 4, 3 or 2 rows), 45 keys in a tail after the distance kernel's column tiles.
+    Small integers make every sum exact, also in float32, and tie many coordinates (sign(0) = 0)."""
+    generator = torch.Generator().manual_seed(d)
+    problems, a, b, skip = 3, 19, 45, 2
+
+    def ints(*shape):
+        return torch.randint(-3, 4, shape, generator=generator).to(dtype)
+
+    q_all, k, g = ints(problems, skip + a + 2, d), ints(problems, b, d), ints(problems, a, b)
+    rows = slice(skip, skip + a)  # a query chunk: rows of a longer sequence
+    diff = q_all[:, rows, None].double() - k[:, None].double()  # (P, a, b, d)
+    assert (diff == 0).double().mean() > 0.1
+    distance = l1_cpu.distance(q_all[:, rows], k.transpose(1, 2), -0.5)
+    assert torch.equal(distance.double(), -0.5 * diff.abs().sum(-1))
+
+    q_padded, k_padded = l1_cpu.pad_columns(q_all), l1_cpu.pad_columns(k)
+    dq, dk = torch.full_like(q_padded, float("nan")), torch.ones_like(k_padded)
+    l1_cpu.sign_grad(g, q_padded[:, rows], k_padded, dq[:, rows], dk, 0.5)
+    contribution = g[..., None].double() * diff.sign()  # (P, a, b, d)
+    assert torch.equal(dq[:, rows, :d].double(), 0.5 * contribution.sum(2))
+    assert torch.equal(dk[..., :d].double(), 1 - 0.5 * contribution.sum(1))
+    assert (dq[:, rows, d:] == 0).all() and (dk[..., d:] == 1).all()  # padded columns: sign(0 − 0) = 0
+    assert dq[:, :skip].isnan().all() and dq[:, skip + a:].isnan().all()  # rows outside the chunk untouched
+
+
 class LargestTensor(TorchDispatchMode):
     """Records the most elements of any tensor an ATen op returns (every allocation goes through one)."""
 
