@@ -73,12 +73,17 @@ class Encoder(nn.Module):
             raise ValueError(f"sequence of {n} tokens exceeds the model's max_length={self.max_length} (task.max_length)")
         return self.embedding_dropout(self.position_embedding.add(self.token_embedding(input_ids)))
 
-    def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
-        """``(B, n)`` ids and mask -> pooled features ``(B, d_model)``."""
+    def token_states(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
+        """``(B, n)`` ids and mask -> per-token final states ``(B, n, d_model)`` (after the final norm, before
+        pooling): what self-pretraining's per-position decoder reads (``lra.pretrain``)."""
         x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x, key_mask, aux_losses)
-        return self.pool(self.final_norm(x), key_mask)
+        return self.final_norm(x)
+
+    def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
+        """``(B, n)`` ids and mask -> pooled features ``(B, d_model)``."""
+        return self.pool(self.token_states(input_ids, key_mask, aux_losses), key_mask)
 
     def forward(self, input_ids: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         aux_losses: dict[str, torch.Tensor] = {}

@@ -77,8 +77,9 @@ class ProxyEncoder(Encoder):
         d_model = self.token_embedding.embedding_dim
         self.proxies = nn.Parameter(torch.randn(self.proxy_attention.num_proxies, d_model))
 
-    def encode(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
-        """``(B, n)`` ids and mask -> pooled features ``(B, d_model)`` over the input rows only."""
+    def token_states(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
+        """``(B, n)`` ids and mask -> final states ``(B, n, d_model)`` of the input rows (proxy rows dropped);
+        ``encode`` pools them."""
         x = self.embed(input_ids)
         batch, m = x.shape[0], self.proxies.shape[0]
         proxies = self.proxy_attention.inject(self.proxies.expand(batch, -1, -1), x, key_mask)  # (B, m, d)
@@ -92,4 +93,4 @@ class ProxyEncoder(Encoder):
                 layer_losses[name].append(value)
         for name, values in layer_losses.items():
             aux_losses[name] = torch.stack(values).mean()  # Eq. 9: average over layers
-        return self.pool(self.final_norm(h[:, m:]), key_mask)
+        return self.final_norm(h[:, m:])
