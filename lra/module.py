@@ -21,7 +21,8 @@ class LRAModule(L.LightningModule):
     the loader's order (this process's share of them under DDP). ``val_curve`` lists ``[step, val acc]``
     for every evaluation (kept in checkpoints, written to ``results.json``: the learning curve
     ``lra.analysis.report --curves`` plots). ``settings`` (the run's resolved ``attention`` and ``model``
-    config nodes) is stored in every checkpoint, so ``lra.evaluate`` rebuilds the trained model from it."""
+    config nodes) is stored in every checkpoint, so ``lra.evaluate`` rebuilds the trained model from it.
+    ``compile_network`` (``model.compile``): :meth:`configure_model` compiles the network with ``torch.compile``."""
 
     def __init__(
         self,
@@ -30,9 +31,12 @@ class LRAModule(L.LightningModule):
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None,
         num_classes: int,
         settings: dict | None = None,
+        compile_network: bool = False,
     ):
         super().__init__()
         self.model = model
+        self.compile_network = compile_network
+        self.compiled = False
         self.settings = settings
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -46,6 +50,20 @@ class LRAModule(L.LightningModule):
         self.val_acc_best.persistent(True)  # survives resume from last.ckpt
         self.samples_seen = 0
         self.val_curve: list[list[float]] = []
+
+    def configure_model(self) -> None:
+        """Compile the network once when ``compile_network`` (Lightning calls this hook at the start of fit,
+        validate and test, after ``lra.train`` wrapped the network for fine-tuning).
+
+        ``nn.Module.compile`` compiles in place: the compiled call is held beside the eager module, whose
+        parameters stay where they were, so the state dict and checkpoints have the eager model's keys (no
+        ``_orig_mod.`` prefix) and load into a module compiled or not. Compilation itself happens on the
+        first call (train mode, then eval mode, each once per input shape until shapes are made dynamic)."""
+        if self.compile_network and not self.compiled:
+            self.model.compile()
+            self.compiled = True
+            print("[lra] model.compile=true: torch.compile compiles the network on its first training batch and "
+                  "again on its first evaluation batch (minutes on a CPU)", flush=True)
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return self.model(input_ids, mask)
@@ -112,6 +130,18 @@ class LRAModule(L.LightningModule):
 CHECKPOINT_SETTINGS = ("attention", "model")
 # Keys of an attention config node that describe it but are not constructor arguments.
 DESCRIPTIVE_KEYS = ("name",)
+# Keys of a model config node that say how the network runs, not what it is (not constructor arguments).
+RUNTIME_KEYS = ("compile",)
+
+
+def compile_setting(cfg) -> bool:
+    """``model.compile`` of ``cfg`` (false where the node has no such key, e.g. an older checkpoint's settings),
+    checked to be a boolean."""
+    value = cfg.model.get("compile", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"model.compile must be true or false (got {value!r}); e.g. model.compile=true compiles "
+                         "the network with torch.compile (README \"Compiling\")")
+    return value
 
 
 def attention_factory(node) -> Callable[..., nn.Module]:
@@ -140,10 +170,13 @@ def build_attention(node, num_heads: int, head_dim: int) -> nn.Module:
 
 def build_model(cfg) -> nn.Module:
     """The task's classifier with the configured attention: ``cfg.model`` is a ``_partial_`` encoder config,
-    ``cfg.attention`` becomes the factory that every block calls (:func:`attention_factory`)."""
+    ``cfg.attention`` becomes the factory that every block calls (:func:`attention_factory`). The network is
+    eager; ``model.compile`` (:data:`RUNTIME_KEYS`) is applied by whoever runs it (:meth:`LRAModule.configure_model`)."""
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
-    encoder = instantiate(cfg.model)
+    node = OmegaConf.to_container(cfg.model, resolve=True)
+    encoder = instantiate({key: value for key, value in node.items() if key not in RUNTIME_KEYS})
     return encoder(
         vocab_size=cfg.task.vocab_size,
         max_length=cfg.task.max_length,
@@ -161,4 +194,5 @@ def build_module(cfg) -> LRAModule:
 
     scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
     settings = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in CHECKPOINT_SETTINGS}
-    return LRAModule(build_model(cfg), instantiate(cfg.optimizer), scheduler, cfg.task.num_classes, settings)
+    return LRAModule(build_model(cfg), instantiate(cfg.optimizer), scheduler, cfg.task.num_classes, settings,
+                     compile_network=compile_setting(cfg))
