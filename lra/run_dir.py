@@ -71,14 +71,28 @@ def recorded_config(run_dir: Path) -> dict | None:
         return None
 
 
+def stage_checkpoints(run_dir: Path) -> list[Path]:
+    """Every checkpoint of the run, the self-pretraining stage's (``pretrain/``) included."""
+    pretrain = Path(run_dir) / "pretrain"
+    return [*checkpoints(run_dir), *checkpoints(pretrain), *pretrain.glob("encoder.ckpt")]
+
+
+def drop_unused_pretrain(recorded: dict, current: dict) -> tuple[dict, dict]:
+    """Both configs without their ``pretrain`` node when neither pretrains (``pretrain.steps`` 0, or no node: a
+    record from before self-pretraining existed): its other keys change nothing then. Otherwise both as they are."""
+    if (recorded.get("pretrain") or {}).get("steps") or (current.get("pretrain") or {}).get("steps"):
+        return recorded, current
+    return tuple({key: value for key, value in config.items() if key != "pretrain"} for config in (recorded, current))
+
+
 def check_resume(run_dir: Path, cfg: DictConfig) -> None:
-    """Raise :class:`ResumeRefused` (naming each key with both values) when ``run_dir`` holds checkpoints of a
-    run started with other settings. Reads only; run it before anything can write into ``run_dir``."""
-    found = checkpoints(run_dir)
+    """Raise :class:`ResumeRefused` (naming each key with both values) when ``run_dir`` holds checkpoints (of either
+    stage) of a run started with other settings. Reads only; run it before anything can write into ``run_dir``."""
+    found = stage_checkpoints(run_dir)
     recorded = recorded_config(run_dir) if found else None
     if recorded is None:
         return
-    differences = settings_differences(recorded, resolved(cfg))
+    differences = settings_differences(*drop_unused_pretrain(recorded, resolved(cfg)))
     if not differences:
         return
     lines = "\n".join(f"  {key}: {old!r} (the run) -> {new!r} (this command)" for key, old, new in differences)

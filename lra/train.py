@@ -3,7 +3,8 @@
 Composes ``configs/train.yaml``, builds the datamodule, model, callbacks, loggers and trainer from
 their ``_target_`` configs, fits (resuming from the newest checkpoint of ``<run dir>/checkpoints`` that
 loads; a command whose settings are not the run dir's recorded ones is refused first: :mod:`lra.run_dir`),
-tests the best-validation checkpoint and writes ``<run dir>/results.json``. A run dir that already
+tests the best-validation checkpoint and writes ``<run dir>/results.json``. With ``pretrain.steps > 0`` a
+self-pretraining stage runs first in ``<run dir>/pretrain/`` (:func:`pretrain_stage`). A run dir that already
 holds a completed run is not trained again. In a multirun a failing job records ``status: failed``
 and the sweep goes on; the sweep exits non-zero at the end. SIGTERM (preemption) records
 ``status: interrupted`` with the step, stops the run (and a sweep) and exits 143; re-running resumes.
@@ -32,7 +33,9 @@ from lra.checkpoints import AtomicCheckpointIO, load_transferred_weights
 from lra.config import CONFIG_DIR
 from lra.hydra_callbacks import unfinished_jobs
 from lra.module import build_module
-from lra.run_dir import ResumeRefused, check_resume, checkpoints, claim, resume_checkpoint
+from lra.pretrain import ENCODER_CHECKPOINT, build_pretrain_module, pretrain_callbacks, read_encoder_record
+from lra.pretrain import validate as validate_pretrain
+from lra.run_dir import ResumeRefused, check_resume, checkpoints, claim, drop_unused_pretrain, resume_checkpoint
 from lra.results import (config_differences, git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
                          write_results)
 from lra.wandb_summary import run_config
@@ -72,30 +75,72 @@ def note_exact_landmarks(cfg: DictConfig) -> None:
               f"attention.num_landmarks < {cfg.task.max_length} (e.g. 64)", flush=True)
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
-    callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values()]
+def build_loggers(cfg: DictConfig) -> list:
+    """The configured loggers, with the run's hyperparameters logged once (both stages share them: one W&B run)."""
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
+    for logger in loggers:
+        logger.log_hyperparams(run_config(cfg, job_overrides()))
+    return loggers
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, loggers: list | None = None, callbacks: list | None = None,
+                  **overrides) -> L.Trainer:
+    """The configured trainer (``overrides`` replace ``cfg.trainer`` keys); the configured loggers and callbacks
+    where none are given."""
+    if loggers is None:
+        loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
+    if callbacks is None:
+        callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values()]
     plugins = [instantiate(node) for node in (cfg.trainer.get("plugins") or [])]
     if not any(hasattr(plugin, "save_checkpoint") for plugin in plugins):
         plugins.append(AtomicCheckpointIO())  # checkpoints are never left cut short under their final name
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir),
-                       plugins=plugins)
+                       plugins=plugins, **overrides)
+
+
+def pretrain_stage(cfg: DictConfig, run_dir: Path, loggers: list) -> tuple[Path, dict]:
+    """Self-pretraining (:mod:`lra.pretrain`) in ``<run dir>/pretrain/``: ``pretrain.steps`` steps on the train
+    split, no validation, ``last.ckpt`` every ``pretrain.checkpoint_every`` steps in ``pretrain/checkpoints/``
+    (resumed from when interrupted), then ``pretrain/encoder.ckpt`` (weights, loss curve, wall time), which marks
+    the stage done: a re-run reads it and goes on to the supervised stage. Returns its path and the record."""
+    stage_dir = run_dir / "pretrain"
+    encoder = stage_dir / ENCODER_CHECKPOINT
+    if not encoder.is_file():
+        L.seed_everything(cfg.seed, workers=True)
+        datamodule = instantiate(cfg.task.datamodule)
+        module = build_pretrain_module(cfg)
+        trainer = build_trainer(cfg, stage_dir, loggers, pretrain_callbacks(cfg, stage_dir), max_steps=cfg.pretrain.steps,
+                                limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False)
+        resume_from, _ = resume_checkpoint(stage_dir)
+        started = time.perf_counter()
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+        except BaseException as error:
+            error.step, error.pretrain_step = 0, trainer.global_step  # no supervised step yet
+            raise
+        module.time_s = time.perf_counter() - started
+        trainer.save_checkpoint(encoder, weights_only=True)
+    print(f"[lra] pretraining done: {encoder}; the supervised stage starts from its encoder", flush=True)
+    return encoder, read_encoder_record(encoder)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Fit and test; return the metrics recorded in ``results.json``."""
     validate(cfg)
+    validate_pretrain(cfg)
     note_exact_landmarks(cfg)
+    loggers = build_loggers(cfg)
+    init_from, pretrained = cfg.get("init_from"), {}
+    if cfg.pretrain.steps:
+        init_from, pretrained = pretrain_stage(cfg, run_dir, loggers)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.task.datamodule)
     module = build_module(cfg)
-    if cfg.get("init_from"):
-        load_transferred_weights(module.model, cfg.init_from)
+    if init_from:
+        load_transferred_weights(module.model, init_from)
     if cfg.get("finetune"):
         module.model = instantiate(cfg.finetune)(module.model)
-    trainer = build_trainer(cfg, run_dir)
-    for logger in trainer.loggers:
-        logger.log_hyperparams(run_config(cfg, job_overrides()))
+    trainer = build_trainer(cfg, run_dir, loggers)
     resume_from, resumed_from_step = resume_checkpoint(run_dir)
     reset_peak_memory()
     started = time.perf_counter()
@@ -119,6 +164,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if has_best else None,
         "resumed_from_step": resumed_from_step,
         "val_curve": val_curve,
+        **pretrained,
     }
 
 
@@ -162,7 +208,8 @@ def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | 
     record = read_results(run_dir)
     if record is None or record.get("status") != "completed":
         return None
-    differences = config_differences(record.get("config") or {}, OmegaConf.to_container(cfg, resolve=False))
+    recorded, current = drop_unused_pretrain(record.get("config") or {}, OmegaConf.to_container(cfg, resolve=False))
+    differences = config_differences(recorded, current)
     if differences:
         message = (f"{run_dir} already holds a completed run with other settings ({'; '.join(differences)}): not "
                    f"re-run, its results.json is kept. Train these settings in a new dir (drop hydra.run.dir / "
@@ -219,10 +266,13 @@ def main(cfg: DictConfig) -> float | None:
         path = run_dir / "results.json"
         if (owner or not checkpoints(run_dir)) and (read_results(run_dir) or {}).get("status") != "completed":
             path = write_results(run_dir, cfg, "interrupted", steps=step, error="SIGTERM (preempted or stopped)",
-                                 val_curve=getattr(error, "val_curve", None))
+                                 val_curve=getattr(error, "val_curve", None),
+                                 pretrain_step=getattr(error, "pretrain_step", None))
         same_dir = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else f"hydra.run.dir={run_dir}"
-        print(f"[lra] INTERRUPTED by SIGTERM (preempted or stopped) at step {step}: {path}; re-run the same command with {same_dir} "
-              f"to resume from checkpoints/last.ckpt", flush=True)
+        where = (f"pretraining step {error.pretrain_step}", "pretrain/checkpoints/last.ckpt") \
+            if getattr(error, "pretrain_step", None) is not None else (f"step {step}", "checkpoints/last.ckpt")
+        print(f"[lra] INTERRUPTED by SIGTERM (preempted or stopped) at {where[0]}: {path}; re-run the same command with "
+              f"{same_dir} to resume from {where[1]}", flush=True)
         if multirun:
             sweep_dir = Path(hydra_cfg.sweep.dir)
             print(f"[lra] sweep {sweep_dir} stopped; unfinished jobs:\n  " + "\n  ".join(unfinished_jobs(sweep_dir)),
