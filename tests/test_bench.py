@@ -165,6 +165,13 @@ def test_bench_train_tiny(tmp_path):
         assert number(row["state_bytes"]) >= 4 * 4 * number(row["params"])
         assert number(row["peak_mem_bytes"]) == number(row["saved_bytes"]) + number(row["state_bytes"])
         assert number(row["rss_peak_bytes"]) >= number(row["rss_delta_bytes"]) > 0
+        # FLOP/s of the timed steps from the FLOPs of one step, beside what a matrix product reaches here
+        assert number(row["train_flops"]) > 0 and row["compiled"] == "False" and row["compile_speedup"] == ""
+        assert number(row["train_flops_per_s"]) == pytest.approx(number(row["train_flops"]) / number(row["train_step_s"]))
+        assert number(row["flops_utilisation"]) == pytest.approx(
+            number(row["train_flops_per_s"]) / number(row["matmul_flops_per_s"]))
+    assert rows[0]["matmul_flops_per_s"] == rows[1]["matmul_flops_per_s"]
+    assert number(rows[1]["train_flops"]) != number(softmax["train_flops"])
     assert softmax["speed_ratio"] == softmax["mem_ratio"] == "1.0"
     assert {r["threads"] for r in rows} == {"1"}
     assert {(r["cpu"], r["cpu_capability"], r["torch"]) for r in rows} == {
@@ -178,6 +185,25 @@ def test_machine_line_names_cpu_simd_threads_torch_and_gpu():
     where.update(gpu="NVIDIA H100 80GB HBM3", gpu_capability="9.0")
     assert common.machine_line(where).endswith("; GPU NVIDIA H100 80GB HBM3 (sm 9.0)")
     assert common.machine(torch.device("cpu"))["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+@pytest.mark.slow
+def test_bench_train_compile(tmp_path):
+    """--compile: each variant eager and compiled, the compiled row's speed-up over its own eager row."""
+    out = tmp_path / "compiled"
+    main(["train", "--task", "listops", "--n", "64", "--batch", "2", "--steps", "1", "--warmup", "0", "--device", "cpu",
+          "--threads", "1", "--variants", "curformer", "--variant-overrides", "--compile", "--out", str(out)])
+    rows = {r["variant"]: r for r in read_csv(out / "train.csv")}
+    assert list(rows) == ["softmax", "softmax+compile", "curformer", "curformer+compile"]
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    for name in ("softmax", "curformer"):
+        eager, compiled = rows[name], rows[name + "+compile"]
+        assert (eager["compiled"], compiled["compiled"]) == ("False", "True")
+        assert number(compiled["compile_speedup"]) == pytest.approx(
+            number(compiled["train_samples_per_s"]) / number(eager["train_samples_per_s"]))
+        assert number(compiled["train_flops"]) == number(eager["train_flops"])  # counted on the eager model
+        assert number(compiled["speed_ratio"]) == pytest.approx(
+            number(compiled["train_samples_per_s"]) / number(rows["softmax"]["train_samples_per_s"]))
 
 
 @pytest.mark.slow

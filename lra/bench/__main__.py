@@ -1,16 +1,16 @@
-"""``python -m lra.bench {attention,train} [options]`` (``--help`` on each subcommand lists them)."""
+"""``python -m lra.bench {attention,train,compile_breaks} [options]`` (``--help`` on each subcommand lists them)."""
 
 from __future__ import annotations
 
 import argparse
 
-from lra.bench import attention, train
+from lra.bench import attention, compile_breaks, train
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
-    for name, module in (("attention", attention), ("train", train)):
+    for name, module in (("attention", attention), ("train", train), ("compile_breaks", compile_breaks)):
         sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.add_argument("--variants", nargs="+", default=None,

@@ -215,6 +215,14 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
+def matmul_flops_per_s(device: torch.device, dtype: str, size: int = 2048, repeats: int = 3) -> float:
+    """FLOP/s of a ``size`` × ``size`` matrix product on ``device`` in ``dtype`` at the current thread count
+    (median of ``repeats`` after one warm-up): what this machine's GEMM reaches, the practical limit beside
+    which a training step's FLOP/s shows how far the step is from it."""
+    a, b = (torch.randn(size, size, device=device, dtype=DTYPES[dtype]) for _ in range(2))
+    return 2 * size**3 / median_seconds(lambda: a @ b, device, 1, repeats)
+
+
 def cuda_peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
     """Peak CUDA memory allocated by ``fn()`` above what was allocated before; None on CPU."""
     if device.type != "cuda":

@@ -7,6 +7,16 @@ trains on synthetic batches of the task's shape (random ids in ``task.vocab_size
 Ratios are against the ``softmax`` Transformer of the same run and n, in the papers' format
 (CUR paper Table 2: ``Speed ↑``, ``Peak memory ↓`` as ×; Proxyformer Table 2: inference throughput).
 
+``--compile`` adds, for every variant, a row ``<variant>+compile`` whose model is compiled with
+``torch.compile`` (``model.compile=true``, as ``lra.train`` compiles it), with ``compile_speedup``: its
+training samples/s over the same variant's eager samples/s (compilation itself is in ``first_step_s``,
+outside the timed steps).
+
+FLOPs: ``train_flops`` is one training step's (forward + backward, counted on the eager model by
+``FlopCounterMode``: matmuls, convolutions and SDPA; elementwise ops are not counted), ``train_flops_per_s``
+what the timed steps achieve, beside ``matmul_flops_per_s``: a 2048² matrix product on the same device,
+dtype and threads (``flops_utilisation`` = their ratio), so the distance to the machine's limit shows.
+
 Peak memory is CUDA ``max_memory_allocated`` on GPU; on CPU, bytes saved for backward + parameters,
 gradients and AdamW state (the process's peak RSS is reported beside it, ``RSS ↓``). A variant
 whose process fails (e.g. FlashCUR without CUDA, out of memory, ``--timeout``) is listed as
@@ -27,11 +37,13 @@ from lra import REPO_ROOT
 from lra.bench import common
 
 COLUMNS = [
-    "task", "variant", "n", "batch", "steps", "device", "dtype", "threads", "status", "reason",
-    "train_samples_per_s", "speed_ratio", "peak_mem_bytes", "mem_ratio", "infer_samples_per_s", "infer_ratio",
-    "saved_bytes", "state_bytes", "rss_peak_bytes", "rss_delta_bytes", "rss_ratio", "train_step_s", "params",
+    "task", "variant", "compiled", "n", "batch", "steps", "device", "dtype", "threads", "status", "reason",
+    "train_samples_per_s", "speed_ratio", "compile_speedup", "peak_mem_bytes", "mem_ratio", "infer_samples_per_s",
+    "infer_ratio", "saved_bytes", "state_bytes", "rss_peak_bytes", "rss_delta_bytes", "rss_ratio", "train_step_s",
+    "first_step_s", "train_flops", "train_flops_per_s", "matmul_flops_per_s", "flops_utilisation", "params",
     *[column for column in common.MACHINE_COLUMNS if column != "threads"],
 ]
+COMPILED_SUFFIX = "+compile"  # the label of a variant's compiled row (--compile)
 RATIOS = {
     "speed_ratio": ("train_samples_per_s", False), "mem_ratio": ("peak_mem_bytes", False),
     "infer_ratio": ("infer_samples_per_s", False), "rss_ratio": ("rss_delta_bytes", False),
@@ -45,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed training steps (and inference forwards)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per (variant, n) before it is skipped")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time every variant compiled (model.compile=true): rows <variant>+compile")
 
 
 def run_worker(spec: dict, timeout: float) -> dict:
@@ -76,17 +90,26 @@ def run(args: argparse.Namespace) -> list[dict]:
     print(f"[bench] {common.machine_line(where)}", flush=True)
     setting = {"task": args.task, "batch": args.batch, "steps": args.steps, "device": str(device), "dtype": args.dtype,
                **where}
+    matmul = common.matmul_flops_per_s(device, args.dtype)
+    print(f"[bench] a 2048² matrix product: {matmul / 1e9:.1f} GFLOP/s", flush=True)
     rows = []
     for n in sorted(args.n):
         for variant in variants:
-            spec = {"overrides": [f"task={args.task}", f"task.max_length={n}", *variant.config_overrides()],
-                    "n": n, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-                    "device": str(device), "dtype": args.dtype, "threads": threads}
-            row = {"variant": variant.label, "n": n, **setting, **run_worker(spec, args.timeout)}
-            print(f"n={n} {variant.label}: {row['status']} {row.get('reason', '')}", flush=True)
-            rows.append(row)
+            for compiled in (False, True) if args.compile else (False,):
+                overrides = [f"task={args.task}", f"task.max_length={n}", *variant.config_overrides(),
+                             *(["model.compile=true"] if compiled else [])]
+                spec = {"overrides": overrides, "n": n, "batch": args.batch, "steps": args.steps,
+                        "warmup": args.warmup, "device": str(device), "dtype": args.dtype, "threads": threads}
+                label = variant.label + COMPILED_SUFFIX * compiled
+                row = {"variant": label, "compiled": compiled, "n": n, **setting, "matmul_flops_per_s": matmul,
+                       **run_worker(spec, args.timeout)}
+                print(f"n={n} {label}: {row['status']} {row.get('reason', '')}", flush=True)
+                rows.append(row)
     ok = [row for row in rows if row["status"] == "ok"]
     common.add_ratios(ok, ("n",), lambda r: r["variant"] == common.BASELINE, RATIOS)
+    add_compile_speedups(ok)
+    for row in ok:
+        row["flops_utilisation"] = row["train_flops_per_s"] / matmul
     common.write_csv(rows, COLUMNS, out / "train.csv")
     if ok:
         plot(ok, out / "train.png", common.machine_line(where))
@@ -98,12 +121,26 @@ def run(args: argparse.Namespace) -> list[dict]:
             ("mem_ratio", "Peak memory ↓", common.times), ("rss_ratio", "RSS ↓", common.times),
             ("infer_ratio", "Inference ↑", common.times),
             ("train_samples_per_s", "train samples/s", lambda v: f"{v:.2f}"),
+            *([("compile_speedup", "compiled ↑", common.times), ("first_step_s", "1st step s", lambda v: f"{v:.1f}")]
+              if args.compile else []),
+            ("train_flops", "GFLOP/step", common.giga), ("train_flops_per_s", "GFLOP/s", common.giga),
+            ("flops_utilisation", "of matmul", lambda v: f"{100 * v:.1f} %"),
             ("peak_mem_bytes", "peak MiB", common.mib), ("rss_peak_bytes", "RSS MiB", common.mib),
             ("infer_samples_per_s", "infer samples/s", lambda v: f"{v:.2f}"),
             ("reason", "skipped because", lambda v: v[:90]),
         ]))
-    print(f"\nmeasured on {common.machine_line(where)}\nwrote {out / 'train.csv'}" + (f" and {out / 'train.png'}" if ok else ""))
+    print(f"\nmatmul: a 2048² {args.dtype} matrix product here, {matmul / 1e9:.1f} GFLOP/s")
+    print(f"measured on {common.machine_line(where)}\nwrote {out / 'train.csv'}" + (f" and {out / 'train.png'}" if ok else ""))
     return rows
+
+
+def add_compile_speedups(rows: list[dict]) -> None:
+    """``compile_speedup`` of each compiled row: its training samples/s over the eager row of the same variant
+    and n (None for eager rows, and where that row is missing)."""
+    eager = {(row["variant"], row["n"]): row for row in rows if not row["compiled"]}
+    for row in rows:
+        base = eager.get((row["variant"].removesuffix(COMPILED_SUFFIX), row["n"])) if row["compiled"] else None
+        row["compile_speedup"] = row["train_samples_per_s"] / base["train_samples_per_s"] if base else None
 
 
 def plot(rows: list[dict], path: Path, where: str) -> Path:

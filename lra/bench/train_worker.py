@@ -4,10 +4,16 @@
 ``steps``, ``warmup``, ``device``, ``dtype``, ``threads`` and ``result`` (where the JSON result goes). The
 process builds the real model (``lra.module.build_model``) and AdamW (``cfg.optimizer``), then:
 
-1. one untimed training step under :class:`lra.bench.common.SavedTensorBytes` (parameters excluded);
-2. ``warmup`` untimed steps, then ``steps`` timed steps (forward, cross-entropy + auxiliary
-   losses as ``lra.module.LRAModule`` sums them, backward, ``optimizer.step()``), median step time;
-3. inference: eval mode, ``torch.inference_mode``, ``warmup`` then ``steps`` timed forwards.
+1. the FLOPs of one training step (forward and backward, eager: :func:`lra.bench.common.count_flops`);
+   with ``model.compile=true`` in the overrides the model is compiled after this (``nn.Module.compile``,
+   as ``lra.module.LRAModule.configure_model`` does);
+2. one untimed training step under :class:`lra.bench.common.SavedTensorBytes` (parameters excluded), its
+   wall time ``first_step_s`` (compilation included when compiled);
+3. ``warmup`` untimed steps, then ``steps`` timed steps (forward, cross-entropy + auxiliary
+   losses as ``lra.module.LRAModule`` sums them, backward, ``optimizer.step()``), median step time and the
+   FLOP/s it reaches (``train_flops / train_step_s``);
+4. inference: eval mode, ``torch.inference_mode``, ``warmup`` (at least 1 when compiled: eval mode compiles
+   anew) then ``steps`` timed forwards.
 
 Memory: ``state_bytes`` = parameters + gradients + optimizer state; on CUDA ``peak_mem_bytes`` is
 ``max_memory_allocated`` over the timed steps, on CPU it is ``saved_bytes + state_bytes``;
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,7 +36,7 @@ from torch import nn
 
 from lra.bench import common
 from lra.config import compose_config
-from lra.module import build_model
+from lra.module import build_model, compile_setting
 
 
 def proc_status(key: str) -> int | None:
@@ -93,10 +100,18 @@ def measure(spec: dict) -> dict:
         loss_of_batch().backward()
         optimizer.step()
 
+    flops = common.count_flops(lambda: loss_of_batch().backward())
+    optimizer.zero_grad(set_to_none=True)
+    compiled = compile_setting(cfg)
+    if compiled:
+        model.compile()
+    started = time.perf_counter()
     with common.SavedTensorBytes(exclude=params) as saved:
         loss = loss_of_batch()
     loss.backward()
     optimizer.step()
+    common.synchronize(device)
+    first_step_s = time.perf_counter() - started
     del loss
     for _ in range(spec["warmup"]):
         train_step()
@@ -111,11 +126,15 @@ def measure(spec: dict) -> dict:
         with torch.inference_mode(), common.autocast(device, spec["dtype"]):
             model(ids, mask)
 
-    infer_s = common.median_seconds(infer, device, spec["warmup"], spec["steps"])
+    infer_s = common.median_seconds(infer, device, max(spec["warmup"], int(compiled)), spec["steps"])
     rss_peak = proc_status("VmHWM")
     return {
+        "compiled": compiled,
+        "first_step_s": first_step_s,
         "train_step_s": step_s,
         "train_samples_per_s": spec["batch"] / step_s,
+        "train_flops": flops,
+        "train_flops_per_s": flops / step_s,
         "infer_samples_per_s": spec["batch"] / infer_s,
         "saved_bytes": saved.bytes,
         "state_bytes": state,
