@@ -51,7 +51,7 @@ def settings_differences(recorded: dict, current: dict) -> list[tuple[str, Any, 
     """``(key, recorded, current)`` for every key outside :data:`NEUTRAL` whose value differs (a key of
     :data:`ADDED_LATER` the record lacks counts as its value there)."""
     old = {**ADDED_LATER, **flatten(json.loads(json.dumps(recorded, default=str)))}
-    new = flatten(json.loads(json.dumps(current, default=str)))
+    new = {**ADDED_LATER, **flatten(json.loads(json.dumps(current, default=str)))}
     keys = sorted(key for key in old.keys() | new.keys()
                   if not is_neutral(key) and old.get(key, "<absent>") != new.get(key, "<absent>"))
     return [(key, old.get(key, "<absent>"), new.get(key, "<absent>")) for key in keys]
