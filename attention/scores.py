@@ -78,8 +78,24 @@ def masked_softmax(logits: torch.Tensor, key_mask: torch.Tensor | None) -> torch
 
     ``logits`` is overwritten **in place** (pass a fresh tensor, e.g. a matmul output; autograd
     raises if it were needed elsewhere). ``key_mask`` bool broadcastable to ``logits``, True = real key.
+
+    Under ``torch.compile`` the same three steps are written out of place (:func:`masked_softmax_out_of_place`):
+    the in-place form only saves eager mode an allocation, which the compiler's memory planning does
+    itself, and tracing it with dynamic shapes (a batch of another length) fails inside PyTorch
+    (torch 2.13: an internal assert in ``CopySlices`` while AOTAutograd traces the backward).
     """
+    if torch.compiler.is_compiling():
+        return masked_softmax_out_of_place(logits, key_mask)
     return MaskedSoftmax.apply(logits, key_mask)
+
+
+def masked_softmax_out_of_place(logits: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """:class:`MaskedSoftmax`'s three steps out of place, differentiated by autograd (what compiled code runs)."""
+    if key_mask is None:
+        return torch.softmax(logits, -1)
+    low = torch.finfo(logits.dtype).min / 2
+    weights = torch.softmax(logits + logits.new_zeros(key_mask.shape).masked_fill_(~key_mask, low), -1)
+    return weights * key_mask.any(-1, keepdim=True)
 
 
 class SoftmaxScore(nn.Module):

@@ -58,12 +58,15 @@ class LRAModule(L.LightningModule):
         ``nn.Module.compile`` compiles in place: the compiled call is held beside the eager module, whose
         parameters stay where they were, so the state dict and checkpoints have the eager model's keys (no
         ``_orig_mod.`` prefix) and load into a module compiled or not. Compilation itself happens on the
-        first call (train mode, then eval mode, each once per input shape until shapes are made dynamic)."""
+        first call in train mode and on the first in eval mode, each for that batch's shape, and once more in
+        each mode with dynamic shapes at the first batch of another length (PyTorch's default; compiling
+        dynamic from the start miscompiles Proxyformer in torch 2.13)."""
         if self.compile_network and not self.compiled:
             self.model.compile()
             self.compiled = True
-            print("[lra] model.compile=true: torch.compile compiles the network on its first training batch and "
-                  "again on its first evaluation batch (minutes on a CPU)", flush=True)
+            print("[lra] model.compile=true: torch.compile compiles the network at its first training and evaluation "
+                  "batches and again, with dynamic shapes, at the first batch of another length (minutes on a CPU)",
+                  flush=True)
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return self.model(input_ids, mask)

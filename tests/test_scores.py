@@ -9,7 +9,7 @@ spread (tests/tolerances.py), so they hold whatever order ATen's kernel sums in 
 import pytest
 import torch
 
-from attention.scores import masked_softmax
+from attention.scores import masked_softmax, masked_softmax_out_of_place
 from tests.tolerances import tolerance
 
 
@@ -73,3 +73,16 @@ def test_gradient_of_both_branches_agrees_in_float32():
     tol = softmax_tolerance(logits)
     rtol = 2 * tol["rtol"]
     torch.testing.assert_close(grads[0], grads[1], rtol=rtol, atol=rtol * float(upstream.abs().max()))
+
+
+@pytest.mark.parametrize("width", [1, 64, 4097])
+def test_out_of_place_form_matches_the_reference_and_its_gradient(width):
+    """What compiled code runs (``masked_softmax_out_of_place``): the same weights, zero rows and gradient
+    (float64 for the gradient check)."""
+    logits, key_mask = logits_and_mask(width, torch.float32)
+    weights = masked_softmax_out_of_place(logits, key_mask)
+    torch.testing.assert_close(weights.double(), reference(logits, key_mask), **softmax_tolerance(logits))
+    assert (weights[1] == 0).all() and (weights[0][..., ~key_mask[0, 0, 0]] == 0).all()
+    small, small_mask = logits_and_mask(9, torch.float64, seed=1)
+    small.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: masked_softmax_out_of_place(x, small_mask), (small,))
