@@ -8,10 +8,17 @@ What it runs (``--dry-run`` prints the plan without a GPU):
    1e-3 (output) / 1e-2 (gradients) relative, bf16 to 5e-2. Then FlashL1 vs the PyTorch L1 path
    (:mod:`lra.bench.gpu_check_l1`: :meth:`attention.l1.L1Attention.materialised`, L1 weights times ``V``) forward and backward
    in fp32 and bf16 for a few (n, d), n odd and even, padded keys, to the same tolerances.
-2. ``bench-attention`` — ``python -m lra.bench attention`` (SDPA flash, CUR, FlashCUR, every variant)
+2. ``meta`` — ``tests/test_device_hygiene.py``: every variant's forward, loss and backward on the ``meta``
+   device, failing on any host sync or host-made tensor (with CUDA present, FlashCUR builds as on a GPU run).
+3. ``compile`` — ``torch.compile`` on CUDA: every variant's compiled training step against its eager one
+   (:func:`lra.bench.compile_check.compare`, fp32, dropout off, relative error <= 1e-5 of outputs, loss and
+   gradients), ``lra.bench compile_breaks --device cuda`` (graphs and graph breaks per variant), and
+   ``--compile-steps`` (20) ``trainer=gpu model.compile=true`` steps of softmax and curformer through
+   ``lra.train``.
+4. ``bench-attention`` — ``python -m lra.bench attention`` (SDPA flash, CUR, FlashCUR, every variant)
    at ``--n`` (1K–16K), fp32 and bf16.
-3. ``bench-train`` — ``python -m lra.bench train --task listops`` at the same n.
-4. ``train`` — ``--steps`` (300) ``trainer=gpu`` steps of every ``configs/attention/*.yaml`` on a
+5. ``bench-train`` — ``python -m lra.bench train --task listops`` at the same n.
+6. ``train`` — ``--steps`` (300) ``trainer=gpu`` steps of every ``configs/attention/*.yaml`` on a
    small generated ListOps (``task=listops_small``), test accuracy and samples/s from ``results.json``.
 
 Each step's outcome, timing and output tail go to ``<out>/report.md`` (``--out``, default
@@ -33,7 +40,8 @@ from pathlib import Path
 from lra import REPO_ROOT
 from lra.bench.gpu_check_l1 import L1_SHAPES, flashl1_checks
 
-STEPS = ("kernels", "bench-attention", "bench-train", "train")
+STEPS = ("kernels", "meta", "compile", "bench-attention", "bench-train", "train")
+COMPILED_TRAINING = ("softmax", "curformer")  # the variants the compile step also trains through lra.train
 DEFAULT_N = [1024, 2048, 4096, 8192, 16384]
 KERNEL_SHAPES = [(m, d) for m in (16, 32, 64, 128) for d in (32, 64, 128)]
 TOLERANCE = {"fp32": (1e-3, 1e-2), "bf16": (5e-2, 5e-2)}  # relative (output, gradients)
@@ -56,12 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="report folder (default outputs/gpu_check/<timestamp>/)")
     parser.add_argument("--n", type=int, nargs="+", default=DEFAULT_N, help="sequence lengths for the benchmarks")
     parser.add_argument("--steps", type=int, default=300, help="training steps per variant")
+    parser.add_argument("--compile-steps", type=int, default=20, help="compiled training steps (compile step)")
     parser.add_argument("--variants", nargs="+", default=None, help="configs/attention names (default: all)")
     parser.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS), help="run these steps only")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or any(n < 16 for n in args.n):
-        parser.error(f"--steps must be >= 1 and every --n >= 16 (got --steps {args.steps}, --n {args.n})")
+    if args.steps < 1 or args.compile_steps < 1 or any(n < 16 for n in args.n):
+        parser.error(f"--steps and --compile-steps must be >= 1 and every --n >= 16 (got --steps {args.steps}, "
+                     f"--compile-steps {args.compile_steps}, --n {args.n})")
     args.out = args.out or REPO_ROOT / "outputs" / "gpu_check" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
     args.variants = args.variants or sorted(p.stem for p in (REPO_ROOT / "configs" / "attention").glob("*.yaml"))
     return args
@@ -71,9 +81,22 @@ def plan(args: argparse.Namespace) -> list[Step]:
     """The steps ``args`` asks for, with their exact command lines."""
     py, n = [sys.executable, "-m"], [str(x) for x in args.n]
     bench = ["--device", "cuda", "--variants", *args.variants]
+    data = f"task.data_dir={args.out / 'data' / 'listops_small'}"
     steps = {
         "kernels": [Step("kernels", f"FlashCUR vs CUR forward/backward, fp32 + bf16, (m, d) in {KERNEL_SHAPES}; "
                                     f"FlashL1 vs PyTorch L1, (n, d) in {[(n, d) for n, d, *_ in L1_SHAPES]}")],
+        "meta": [Step("meta", "every variant's training step on the meta device: no host sync (tests/test_device_hygiene.py)",
+                      [*py, "pytest", "-q", "-p", "no:cacheprovider", "tests/test_device_hygiene.py"])],
+        "compile": [
+            Step("compile", f"compiled vs eager training step on CUDA, fp32, of {', '.join(args.variants)}"),
+            Step("compile", "graphs and graph breaks per variant (torch._dynamo.explain)",
+                 [*py, "lra.bench", "compile_breaks", *bench, "--out", str(args.out / "compile_breaks")]),
+            *(Step("compile", f"{args.compile_steps} trainer=gpu model.compile=true steps of {variant} on listops_small", [
+                *py, "lra.train", "task=listops_small", data, "trainer=gpu", "model.compile=true", f"attention={variant}",
+                f"trainer.max_steps={args.compile_steps}", f"task.eval_every={args.compile_steps}", "task.warmup_steps=1",
+                "logger=csv", f"hydra.run.dir={args.out / 'compile' / variant}",
+            ]) for variant in COMPILED_TRAINING if variant in args.variants),
+        ],
         "bench-attention": [
             Step("bench-attention", f"lra.bench attention {dtype}, n = {n}",
                  [*py, "lra.bench", "attention", *bench, "--dtype", dtype, "--n", *n, "--out", str(args.out / f"bench_attention_{dtype}")])
@@ -83,7 +106,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
                              [*py, "lra.bench", "train", *bench, "--task", "listops", "--n", *n, "--out", str(args.out / "bench_train")])],
         "train": [
             Step("train", f"{args.steps} trainer=gpu steps of {variant} on listops_small", [
-                *py, "lra.train", "task=listops_small", f"task.data_dir={args.out / 'data' / 'listops_small'}", "trainer=gpu",
+                *py, "lra.train", "task=listops_small", data, "trainer=gpu",
                 f"attention={variant}", f"trainer.max_steps={args.steps}", f"task.eval_every={args.steps}",
                 f"task.warmup_steps={max(1, args.steps // 10)}", "logger=csv", f"hydra.run.dir={args.out / 'train' / variant}",
             ])
@@ -145,12 +168,42 @@ def flashcur_checks() -> list[str]:
     return rows
 
 
-def run_step(step: Step) -> None:
-    """Run ``step`` (subprocess or in-process), filling its status, time and details; never raises."""
+def compile_checks(variants: list[str]) -> list[str]:
+    """:func:`lra.bench.compile_check.compare` on CUDA for each variant (n = 160 and 131, so CUR's 64 landmarks
+    approximate): one markdown row each (relative errors, graphs compiled, first compiled step's seconds);
+    raises at the end when any is off, compiled nothing or failed."""
+    import torch
+
+    from lra.bench.compile_check import TOLERANCE, compare
+    from lra.config import compose_config
+
+    rows = ["| variant | logits | loss | gradients (worst) | tensors | graphs | 1st compiled step s |",
+            "|---|---|---|---|---|---|---|"]
+    failed = []
+    for variant in variants:
+        try:
+            result = compare(compose_config(["task=listops_small", f"attention={variant}"]), torch.device("cuda"), lengths=(160, 131))
+        except Exception as error:  # one variant's failure is its row; the others still run
+            rows.append(f"| {variant} | failed: {type(error).__name__}: {str(error).splitlines()[0][:200]} | | | | | |")
+            failed.append(variant)
+            continue
+        rows.append(f"| {variant} | {result['logits']:.1e} | {result['loss']:.1e} | {result['grads']:.1e} "
+                    f"({result['worst']}) | {result['tensors']} | {result['graphs']} | {result['compile_s']:.1f} |")
+        if max(result["logits"], result["loss"], result["grads"]) > TOLERANCE or result["graphs"] < 1:
+            failed.append(variant)
+    if failed:
+        raise AssertionError(f"compiled differs from eager beyond {TOLERANCE} (or failed) for: {', '.join(failed)}\n"
+                             + "\n".join(rows))
+    return rows
+
+
+def run_step(step: Step, variants: list[str] = ()) -> None:
+    """Run ``step`` (subprocess, or in-process: the kernel checks, or :func:`compile_checks` of ``variants``),
+    filling its status, time and details; never raises."""
     started = time.perf_counter()
     try:
         if step.command is None:
-            step.details = kernel_checks()
+            step.details = compile_checks(list(variants)) if step.name == "compile" else kernel_checks()
             step.status = "ok"
         else:
             proc = subprocess.run(step.command, cwd=REPO_ROOT, capture_output=True, text=True)
@@ -192,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                    "torch": torch.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds")}
     for step in steps:
         print(f"[gpu_check] {step.name}: {step.title}", flush=True)
-        run_step(step)
+        run_step(step, args.variants)
         write_report(args.out / "report.md", steps, environment)
     print(f"[gpu_check] report: {args.out / 'report.md'}")
     return 0 if all(s.status == "ok" for s in steps) else 1

@@ -1,0 +1,185 @@
+"""``model.compile=true``: compiled training matches eager, checkpoints keep the eager keys, the graph-break
+lister and the GPU check's compile steps.
+
+Inductor compiles each graph to C++ with the system compiler (measured on 2 quiet cores: ~20 s for a one-layer
+softmax network, ~60 s for CUR at two lengths), so the default suite compiles small one-layer networks only:
+softmax and CUR against eager, and one short ``lra.train`` run; the other variants are ``slow``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from lra.bench import compile_check, gpu_check
+from lra.bench.__main__ import main as bench
+from lra.module import build_module
+from lra.run_dir import settings_differences
+from tests.conftest import compose_config, run_cli
+
+INDUCTOR_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # no pool of compile workers on a 2-core machine
+
+
+@pytest.fixture
+def one_compile_thread():
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(compile_threads=1):
+        yield
+    torch._dynamo.reset()  # drop the compiled graphs
+
+
+def small(attention: str, *overrides: str):
+    """A one-layer network of ``attention`` on listops_small (CUR with m = 8 < n, so it approximates)."""
+    landmarks = ["attention.num_landmarks=8"] if attention in ("curformer", "l1_cur", "nystromformer", "megacur") else []
+    return compose_config(["task=listops_small", f"attention={attention}", "model.num_layers=1", *landmarks, *overrides])
+
+
+@pytest.mark.parametrize("attention, lengths", [("softmax", (48,)), ("curformer", (48, 40))])
+def test_compiled_training_step_matches_eager(attention, lengths, one_compile_thread):
+    """Softmax at one length; CUR at two, the second recompiled with dynamic shapes as training's second batch
+    is (its in-place masked softmax failed there inside PyTorch before compiled code took the out-of-place form)."""
+    result = compile_check.compare(small(attention), torch.device("cpu"), lengths=lengths)
+    assert result["tensors"] > 10  # logits, loss and every gradient
+    assert result["graphs"] == len(lengths)  # compiled (not run eagerly), once per shape: static, then dynamic
+    assert max(result["logits"], result["loss"], result["grads"]) <= compile_check.TOLERANCE, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["nystromformer", "proxyformer", "l1", "l1_cur", "mega", "megacur", "liza"])
+def test_compiled_training_step_matches_eager_other_variants(attention, one_compile_thread):
+    result = compile_check.compare(small(attention), torch.device("cpu"), lengths=(48, 40, 44))
+    assert max(result["logits"], result["loss"], result["grads"]) <= compile_check.TOLERANCE, result
+
+
+def test_the_comparison_sees_a_compiler_that_changes_results():
+    """A backend that scales every output of the graph by 1.001 fails the check; the eager backend passes
+    bit for bit (dynamo only, no Inductor: seconds)."""
+
+    def scaled(graph, example_inputs):
+        def run(*args):
+            outs = graph(*args)
+            return type(outs)(out * 1.001 if torch.is_tensor(out) and out.is_floating_point() else out for out in outs)
+        return run
+
+    cfg = small("softmax")
+    exact = compile_check.compare(cfg, torch.device("cpu"), lengths=(48,), backend="eager")
+    assert exact["logits"] == exact["loss"] == exact["grads"] == 0.0 and exact["graphs"] == 1
+    off = compile_check.compare(cfg, torch.device("cpu"), lengths=(48,), backend=scaled)
+    assert off["logits"] > 100 * compile_check.TOLERANCE and off["grads"] > 100 * compile_check.TOLERANCE
+    torch._dynamo.reset()
+
+
+def test_without_dropout_zeroes_every_dropout_key():
+    cfg = compile_check.without_dropout(compose_config(["attention=mega"]))
+    assert cfg.model.dropout == cfg.model.block.hidden_dropout == cfg.model.block.attention_dropout == 0.0
+    assert compile_check.without_dropout(compose_config(["attention=softmax"])).attention.dropout == 0.0
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "null"])
+def test_model_compile_must_be_a_bool(value):
+    with pytest.raises(ValueError, match=r"model.compile must be true or false .*model.compile=true"):
+        build_module(compose_config([f"model.compile={value}"]))
+
+
+def test_compiled_module_keeps_the_eager_state_dict_keys():
+    """Compiling in place (configure_model) leaves parameter names alone: a compiled module's state dict
+    loads strictly into an eager one and back (no ``_orig_mod.``); no compilation runs (it is lazy)."""
+    eager = build_module(compose_config(["model.compile=false"]))
+    compiled = build_module(compose_config(["model.compile=true"]))
+    assert (eager.compile_network, compiled.compile_network) == (False, True)
+    compiled.configure_model()
+    compiled.configure_model()  # Lightning calls it at fit, validate and test: compiled once
+    assert compiled.compiled and compiled.model._compiled_call_impl is not None
+    state = compiled.state_dict()
+    assert not [key for key in state if "_orig_mod" in key]
+    assert list(state) == list(eager.state_dict())
+    eager.load_state_dict(state, strict=True)
+    compiled.load_state_dict(eager.state_dict(), strict=True)
+
+
+def test_runs_recorded_before_model_compile_still_resume():
+    """A recorded config without ``model.compile`` (runs started before the key) is the same run as one with
+    ``model.compile: false``; one with compile on is not."""
+    recorded = {"seed": 0, "model": {"d_model": 64}}
+    assert settings_differences(recorded, {"seed": 0, "model": {"d_model": 64, "compile": False}}) == []
+    assert settings_differences(recorded, {"seed": 0, "model": {"d_model": 64, "compile": True}}) == [
+        ("model.compile", False, True)]
+
+
+def test_train_with_compile_and_its_checkpoint_without(tiny_listops_overrides, tmp_path):
+    """``lra.train ... model.compile=true`` trains, evaluates and tests through Inductor (its cache fills with
+    compiled kernels); the checkpoint has the eager keys and loads into a module compiled or not."""
+    run_dir, cache = tmp_path / "run", tmp_path / "inductor"
+    overrides = [*tiny_listops_overrides, "model.num_layers=1", "task.batch_size=32", "trainer.max_steps=1",
+                 "task.eval_every=1"]
+    proc = run_cli(["-m", "lra.train", *overrides, "model.compile=true", f"hydra.run.dir={run_dir}"],
+                   env={**INDUCTOR_ENV, "TORCHINDUCTOR_CACHE_DIR": str(cache)}, timeout=1800)  # ~1 min on 2 idle cores
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[lra] model.compile=true" in proc.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 1 and results["config"]["model"]["compile"] is True
+    assert list(cache.rglob("*.so")), "Inductor compiled nothing"
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert state and not [key for key in state if "_orig_mod" in key]
+    for compiled in (False, True):
+        module = build_module(compose_config([*overrides, f"model.compile={str(compiled).lower()}"]))
+        module.configure_model()
+        module.load_state_dict(state, strict=True)
+        assert torch.equal(module.model.token_embedding.weight, state["model.token_embedding.weight"])
+
+
+def test_compile_breaks_lists_every_variant(tmp_path, capsys):
+    """One graph and no break for softmax and CUR; L1's CPU kernels (ctypes) break the graph, with the reason
+    at our line; FlashCUR without CUDA is skipped with the reason, not left out."""
+    bench(["compile_breaks", "--variants", "curformer", "l1", "flashcur", "--variant-overrides", "--n", "32",
+           "--device", "cpu", "--out", str(tmp_path)])
+    with (tmp_path / "compile_breaks.csv").open() as handle:
+        rows = {row["variant"]: row for row in csv.DictReader(handle)}
+    assert list(rows) == ["softmax", "curformer", "l1", "flashcur"]
+    for name in ("softmax", "curformer"):
+        assert (rows[name]["status"], rows[name]["graphs"], rows[name]["graph_breaks"]) == ("ok", "1", "0")
+        assert int(rows[name]["ops"]) > 0 and not rows[name]["breaks"]
+    assert rows["l1"]["status"] == "ok" and int(rows["l1"]["graph_breaks"]) > 0 and "attention/l1" in rows["l1"]["breaks"]
+    if not torch.cuda.is_available():
+        assert rows["flashcur"]["status"] == "skipped" and "CUDA" in rows["flashcur"]["reason"]
+    assert "l1 breaks:" in capsys.readouterr().out
+
+
+def test_gpu_check_runs_the_meta_check_and_compiled_training(tmp_path):
+    args = gpu_check.parse_args(["--out", str(tmp_path), "--variants", "softmax", "curformer", "mega",
+                                 "--compile-steps", "5"])
+    steps = gpu_check.plan(args)
+    assert [s.name for s in steps][:6] == ["kernels", "meta", "compile", "compile", "compile", "compile"]
+    meta, check, breaks, *trains = [s for s in steps if s.name in ("meta", "compile")]
+    assert meta.command[-1] == "tests/test_device_hygiene.py" and check.command is None
+    assert breaks.command[2:4] == ["lra.bench", "compile_breaks"] and "cuda" in breaks.command
+    assert [next(a for a in s.command if a.startswith("attention=")) for s in trains] == [
+        "attention=softmax", "attention=curformer"]
+    assert all({"model.compile=true", "trainer=gpu", "trainer.max_steps=5"} <= set(s.command) for s in trains)
+    meta.command += ["-k", "test_variant_trains_on_meta_without_host_sync and softmax"]  # the command runs here too
+    gpu_check.run_step(meta)
+    assert meta.status == "ok", "\n".join(meta.details)
+
+
+def test_gpu_check_compile_rows_and_failures(monkeypatch):
+    """The in-process compile step: one row per variant; a variant beyond the tolerance or failing fails the
+    step at the end, naming it, and the others still run."""
+    results = {"softmax": 2e-7, "curformer": 3e-5}
+
+    def compare(cfg, device, lengths):
+        if cfg.attention.name == "mega":
+            raise RuntimeError("no C++ compiler")
+        error = results[cfg.attention.name]
+        return {"logits": error, "loss": error, "grads": error, "worst": "grad/head.weight", "tensors": 20, "graphs": 1,
+                "compile_s": 1.0}
+
+    monkeypatch.setattr(compile_check, "compare", compare)
+    assert gpu_check.compile_checks(["softmax"])[2].startswith("| softmax | 2.0e-07 |")
+    step = gpu_check.Step("compile", "compiled vs eager")
+    gpu_check.run_step(step, ["softmax", "curformer", "mega"])
+    assert step.status == "failed (AssertionError)"
+    assert "for: curformer, mega" in step.details[0] and "| mega | failed: RuntimeError: no C++ compiler" in "\n".join(step.details)
