@@ -122,11 +122,16 @@ class LRAModule(L.LightningModule):
         self.test_predictions[split]["label"].append(batch["label"])
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(params=self.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        scheduler = self.scheduler_factory(optimizer=optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optimizers_per_step(self.optimizer_factory, self.scheduler_factory, self.parameters())
+
+
+def optimizers_per_step(optimizer: Callable[..., torch.optim.Optimizer],
+                        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None, params) -> dict:
+    """``configure_optimizers``' answer: the optimizer over ``params`` and, if any, its schedule stepped every step."""
+    built = optimizer(params=params)
+    if scheduler is None:
+        return {"optimizer": built}
+    return {"optimizer": built, "lr_scheduler": {"scheduler": scheduler(optimizer=built), "interval": "step"}}
 
 
 # The config groups a checkpoint carries: what lra.evaluate needs to rebuild the trained model.

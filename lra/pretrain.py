@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lra.callbacks import LastCheckpoint
+from lra.module import optimizers_per_step
 
 ENCODER_CHECKPOINT = "encoder.ckpt"  # <run dir>/pretrain/encoder.ckpt: written when the stage ends, marks it done
 # Callbacks of configs/callbacks/ that belong to the supervised stage (best-val checkpoint, validation, its
@@ -132,11 +133,7 @@ class PretrainModule(L.LightningModule):
         self.loss_curve = list(checkpoint.get("pretrain_loss_curve", []))
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(params=self.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        scheduler = self.scheduler_factory(optimizer=optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optimizers_per_step(self.optimizer_factory, self.scheduler_factory, self.parameters())
 
 
 class PretrainCheckpoint(LastCheckpoint):

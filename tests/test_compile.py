@@ -91,9 +91,12 @@ def test_compiled_module_keeps_the_eager_state_dict_keys():
     eager = build_module(compose_config(["model.compile=false"]))
     compiled = build_module(compose_config(["model.compile=true"]))
     assert (eager.compile_network, compiled.compile_network) == (False, True)
+    eager.configure_model()
     compiled.configure_model()
+    first = compiled.model._compiled_call_impl
     compiled.configure_model()  # Lightning calls it at fit, validate and test: compiled once
-    assert compiled.compiled and compiled.model._compiled_call_impl is not None
+    assert eager.model._compiled_call_impl is None and callable(first)
+    assert compiled.model._compiled_call_impl is first
     state = compiled.state_dict()
     assert not [key for key in state if "_orig_mod" in key]
     assert list(state) == list(eager.state_dict())
