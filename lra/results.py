@@ -74,9 +74,20 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {k: v for key, value in node.items() for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()}
 
 
+# Keys added to the configs after runs were recorded, with the value those runs ran with: a record without the
+# key compares as that value, so a run recorded before the key existed still resumes and still counts as done.
+ADDED_LATER = {"model.compile": False}
+
+
+def flat_settings(config: dict) -> dict[str, Any]:
+    """``config`` flattened as JSON stores it, with :data:`ADDED_LATER`'s values for the keys it lacks."""
+    return {**ADDED_LATER, **flatten(json.loads(json.dumps(config, default=str)))}
+
+
 def config_differences(recorded: dict, current: dict, limit: int = 5) -> list[str]:
-    """``key: recorded -> current`` for the (first ``limit``) keys whose values differ, as JSON stores them."""
-    old, new = flatten(recorded), flatten(json.loads(json.dumps(current, default=str)))
+    """``key: recorded -> current`` for the (first ``limit``) keys whose values differ, as JSON stores them
+    (:func:`flat_settings`: keys added later compare as their old value)."""
+    old, new = flat_settings(recorded), flat_settings(current)
     keys = sorted(key for key in old.keys() | new.keys() if old.get(key, "<absent>") != new.get(key, "<absent>"))
     shown = [f"{key}: {old.get(key, '<absent>')} -> {new.get(key, '<absent>')}" for key in keys[:limit]]
     return shown + ([f"{len(keys) - limit} more"] if len(keys) > limit else [])

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from lra.results import flatten
+from lra.results import flat_settings
 from lra.tasks.files import atomic_write_text
 
 RECORD = "config_resolved.yaml"
@@ -26,9 +26,6 @@ RECORD = "config_resolved.yaml"
 NEUTRAL = ("logger", "paths", "hydra", "tags", "group", "callbacks.progress", "callbacks.checkpoint.dirpath",
            "callbacks.last_checkpoint.dirpath", "task.datamodule.cache_dir", "task.datamodule.num_workers",
            "trainer.log_every_n_steps", "trainer.enable_model_summary", "trainer.enable_progress_bar")
-# Keys added to the configs after runs were recorded, with the value those runs ran with: a record without the
-# key compares as that value, so a run started before the key existed still resumes.
-ADDED_LATER = {"model.compile": False}
 
 
 class ResumeRefused(SystemExit):
@@ -49,9 +46,8 @@ def is_neutral(key: str) -> bool:
 
 def settings_differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """``(key, recorded, current)`` for every key outside :data:`NEUTRAL` whose value differs (a key of
-    :data:`ADDED_LATER` the record lacks counts as its value there)."""
-    old = {**ADDED_LATER, **flatten(json.loads(json.dumps(recorded, default=str)))}
-    new = {**ADDED_LATER, **flatten(json.loads(json.dumps(current, default=str)))}
+    :data:`lra.results.ADDED_LATER` the record lacks counts as its value there)."""
+    old, new = flat_settings(recorded), flat_settings(current)
     keys = sorted(key for key in old.keys() | new.keys()
                   if not is_neutral(key) and old.get(key, "<absent>") != new.get(key, "<absent>"))
     return [(key, old.get(key, "<absent>"), new.get(key, "<absent>")) for key in keys]

@@ -17,6 +17,7 @@ import torch
 from lra.bench import compile_check, gpu_check
 from lra.bench.__main__ import main as bench
 from lra.module import build_module
+from lra.results import config_differences
 from lra.run_dir import settings_differences
 from tests.conftest import compose_config, run_cli
 
@@ -104,13 +105,15 @@ def test_compiled_module_keeps_the_eager_state_dict_keys():
     compiled.load_state_dict(eager.state_dict(), strict=True)
 
 
-def test_runs_recorded_before_model_compile_still_resume():
+def test_runs_recorded_before_model_compile_still_resume_and_still_count_as_done():
     """A recorded config without ``model.compile`` (runs started before the key) is the same run as one with
-    ``model.compile: false``; one with compile on is not."""
+    ``model.compile: false``, both for resuming and for "already completed"; one with compile on is not."""
     recorded = {"seed": 0, "model": {"d_model": 64}}
-    assert settings_differences(recorded, {"seed": 0, "model": {"d_model": 64, "compile": False}}) == []
-    assert settings_differences(recorded, {"seed": 0, "model": {"d_model": 64, "compile": True}}) == [
-        ("model.compile", False, True)]
+    eager, compiled = ({"seed": 0, "model": {"d_model": 64, "compile": flag}} for flag in (False, True))
+    assert settings_differences(recorded, eager) == []
+    assert settings_differences(recorded, compiled) == [("model.compile", False, True)]
+    assert config_differences(recorded, eager) == []
+    assert config_differences(recorded, compiled) == ["model.compile: False -> True"]
 
 
 def test_train_with_compile_and_its_checkpoint_without(tiny_listops_overrides, tmp_path):
