@@ -1,10 +1,11 @@
-"""The split cache: parallel builders, content changes of the same size, empty splits."""
+"""The split cache: parallel builders, content changes of the same size, empty splits, failed builds."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from lra import REPO_ROOT
 from lra.tasks import listops
 from lra.tasks.base import SPLITS
+from lra.tasks.files import building
 
 PROCESSES = 4
 SIZES = {"train": 48, "val": 16, "test": 16}
@@ -83,3 +85,73 @@ def test_an_empty_split_is_an_error_naming_the_file_and_the_fix(tmp_path, split)
     (tmp_path / "data" / f"basic_{split}.tsv").write_text(listops.HEADER + "\n")  # header, no rows
     with pytest.raises(ValueError, match=rf"the {split} split is empty .*basic_{split}\.tsv.*re-download or regenerate"):
         module(tmp_path / "data", tmp_path / "cache").setup()
+
+
+def add_bad_line(path) -> None:
+    path.write_text(path.read_text() + "( MAX 1 2\tnot a label\n")
+
+
+def test_a_failed_first_build_leaves_no_lock_only_cache_folder(tmp_path):
+    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    add_bad_line(tmp_path / "data" / "basic_train.tsv")
+    with pytest.raises(ValueError, match="basic_train.tsv"):
+        module(tmp_path / "data", tmp_path / "cache").prepare_data()
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_failed_build_keeps_the_splits_built_before_it(tmp_path):
+    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    add_bad_line(tmp_path / "data" / "basic_val.tsv")
+    with pytest.raises(ValueError, match="basic_val.tsv"):
+        module(tmp_path / "data", tmp_path / "cache").prepare_data()
+    (folder,) = (tmp_path / "cache").iterdir()
+    assert sorted(path.name for path in folder.iterdir()) == ["train.pt", "train.pt.lock"]
+
+
+def test_a_failed_build_leaves_a_folder_it_did_not_create(tmp_path):
+    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    add_bad_line(tmp_path / "data" / "basic_train.tsv")
+    data = module(tmp_path / "data", tmp_path / "cache")
+    folder = data.cache_path("train").parent
+    folder.mkdir(parents=True)
+    (folder / "val.pt.lock").touch()  # another process's
+    with pytest.raises(ValueError, match="basic_train.tsv"):
+        data.prepare_data()
+    assert sorted(path.name for path in folder.iterdir()) == ["val.pt.lock"]
+    folder.joinpath("val.pt.lock").unlink()
+    with pytest.raises(ValueError, match="basic_train.tsv"):
+        data.prepare_data()
+    assert folder.is_dir() and not any(folder.iterdir())  # empty, but not this build's to remove
+
+
+def test_a_process_waiting_on_a_failed_build_takes_it_over(tmp_path):
+    """The failing builder removes the folder the waiter waits in; the waiter makes it again and builds."""
+    target = tmp_path / "cache" / "listops-0" / "train.pt"
+    holding, fail = threading.Event(), threading.Event()
+    outcome = {}
+
+    def failing_build() -> None:
+        try:
+            with building(target, "a test build"):
+                holding.set()
+                fail.wait()
+                raise ValueError("a bad line")
+        except ValueError as error:
+            outcome["failed"] = str(error)
+
+    def waiting_build() -> None:
+        with building(target, "a test build"):
+            target.write_bytes(b"built")
+        outcome["built"] = target.read_bytes()
+
+    first = threading.Thread(target=failing_build)
+    first.start()
+    holding.wait(timeout=60)
+    second = threading.Thread(target=waiting_build)
+    second.start()
+    time.sleep(0.5)  # the second thread is waiting on the lock
+    fail.set()
+    for thread in (first, second):
+        thread.join(timeout=60)
+    assert outcome == {"failed": "a bad line", "built": b"built"}
+    assert sorted(path.name for path in target.parent.iterdir()) == ["train.pt", "train.pt.lock"]

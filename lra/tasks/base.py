@@ -6,7 +6,8 @@ hash covers every setting that changes the tensors, the source files' :func:`fil
 included; the stored settings are compared on load, so a stale or corrupt cache is rebuilt, never
 silently used. Processes that build the same cache at once (a parallel sweep on an empty cache)
 take turns through a file lock, and each writes through its own temporary file that replaces the
-cache atomically, so a reader sees a whole cache or none.
+cache atomically, so a reader sees a whole cache or none. A build that fails (a bad line in a data file)
+removes its lock, and the cache folder when it made it and nothing else is in it.
 
 Training order is resumable (docs/design.md §4 "Caching": same seed -> same result, interrupted or not): the train
 loader's order is a permutation derived from ``(seed, epoch)`` only (:class:`EpochSampler`,
@@ -31,7 +32,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lra.tasks.files import atomic_write, locked
+from lra.tasks.files import atomic_write, building
 from lra.tasks.resume import EpochSampler, ResumableLoader, rng_states, set_rng_states
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,8 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         if path is None:
             return self.checked(split, self.read_split(split))
         data = self.read_cache(path, settings)
-        if data is None:
-            with locked(path.with_name(path.name + ".lock"), f"building the cache {path}"):
+        if data is None:  # a failed build leaves no lock-only cache folder behind (see building)
+            with building(path, f"building the cache {path}"):
                 data = self.read_cache(path, settings)  # built by the process we waited for
                 if data is None:
                     data = self.checked(split, self.read_split(split))

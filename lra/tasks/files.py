@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -70,15 +73,57 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def locked(path: Path, waiting_for: str) -> FileLock:
     """An acquired inter-process lock on ``path`` (released when the ``with`` block ends, or when the process
-    dies: it is an ``fcntl`` lock); logs once if another process holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(path)
+    dies: it is an ``fcntl`` lock); logs once if another process holds it. Its folder is made (again, when a
+    failed build removed it while this process waited: :func:`building`)."""
+    lock, waiting = FileLock(path), False
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire(timeout=-1 if waiting else 0)
+            return lock
+        except Timeout:
+            log.info("waiting for another process %s (lock %s)", waiting_for, path)
+            waiting = True
+        except FileNotFoundError:  # the folder was removed between the mkdir and the lock: make it again
+            continue
+
+
+@contextmanager
+def building(target: Path, waiting_for: str) -> Iterator[None]:
+    """Hold the lock ``<target>.lock`` (:func:`locked`) while the body builds ``target``.
+
+    A build that raises (a bad line in a data file, a SIGTERM) removes its lock file, and then ``target``'s folder
+    when this call created it and nothing else is in it, so a failed first build leaves no lock-only folder behind.
+    A folder holding anything else (another split's cache, another process's lock or temporary file) is kept
+    whole; a process waiting on the lock meanwhile takes it over (filelock retries on an unlinked lock file, and
+    :func:`locked` makes the folder again)."""
+    folder, lock_path = target.parent, target.with_name(target.name + ".lock")
+    folder.parent.mkdir(parents=True, exist_ok=True)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info("waiting for another process %s (lock %s)", waiting_for, path)
-        lock.acquire()
-    return lock
+        folder.mkdir()  # atomic: of processes racing to make it, exactly one created it
+        created = True
+    except FileExistsError:
+        created = False
+    try:
+        with locked(lock_path, waiting_for):
+            try:
+                yield
+            except BaseException:
+                lock_path.unlink(missing_ok=True)  # while held: nobody holds a lock on it
+                raise
+    except BaseException:
+        if created:
+            remove_if_empty(folder)
+        raise
+
+
+def remove_if_empty(folder: Path) -> None:
+    """``rmdir`` ``folder`` unless something is in it (then it is in use, and kept)."""
+    try:
+        folder.rmdir()
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            log.warning("could not remove the empty cache folder %s (%s)", folder, error)
 
 
 # --- resumable training order ------------------------------------------------------------------------
