@@ -175,7 +175,7 @@ def test_mcnemar_exact_p_values():
         mcnemar(a, b[:-1], labels)
 
 
-def test_listops_table_has_independent_test_shortcut_and_paired_test(tmp_path):
+def test_listops_table_has_independent_test_shortcut_and_paired_test(tmp_path, capsys):
     data = tmp_path / "data"
     listops.generate(data, {"train": 60, "val": 20, "test": 20, "independent_test": 40}, seed=1, min_length=10,
                      max_length=40)
@@ -207,3 +207,7 @@ def test_listops_table_has_independent_test_shortcut_and_paired_test(tmp_path):
     assert rows["sum"]["p (McNemar)"] == f"{mcnemar(runs['sum'], runs['abs'], labels).p:.2g}"  # b = 0, c = 20
     assert any("exact two-sided test against `curformer attention.selection=abs`" in line for line in lines)
     assert any(line.startswith("shortcut: the first-operator cue") for line in lines)
+    with pytest.raises(SystemExit):  # a baseline that names no row is refused, not replaced by another row
+        report.main([str(tmp_path / "runs"), "--out", str(out), "--baseline", "curformer attention.selection=step"])
+    assert "names no row; the rows are: curformer attention.selection=abs; curformer attention.selection=sum" in \
+        capsys.readouterr().err

@@ -276,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     tables = yaml.safe_load(args.published.read_text())
     rows, settings = group_runs(runs)
+    if args.baseline and not any(args.baseline in (row.label(), row.attention) for row in rows):
+        parser.error(f"--baseline {args.baseline!r} names no row; the rows are: "
+                     + "; ".join(sorted({row.label() for row in rows})))
     summary = summarize(rows, tables, args.baseline)
     text = render(summary, settings, runs, tables, args.format)
     if args.out:
