@@ -46,6 +46,22 @@ def test_groups_by_task_attention_and_differing_overrides(tmp_path):
 
 
 
+def test_positions_and_pretraining_are_columns_where_runs_differ(tmp_path):
+    """The shortcut issue's recipes (``model/positions=``, ``pretrain.steps=``) are setting columns of the task's
+    table once its runs differ in them; a run that leaves one at its default shows "-", explained under the table."""
+    recipes = {"scratch": [], "rotary": ["model/positions=rotary"], "both": ["model/positions=rotary", "pretrain.steps=2500"]}
+    for name, overrides in recipes.items():
+        write_run(tmp_path / "runs", name, "listops", "curformer", 0, 0.36, overrides=overrides)
+    out = tmp_path / "table.md"
+    assert report.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    header = [cell.strip() for cell in lines[2].strip("|").split("|")]
+    assert header[:3] == ["attention", "model/positions", "pretrain.steps"]
+    cells = sorted(tuple(cell.strip() for cell in line.strip("|").split("|"))[1:3] for line in lines[4:7])
+    assert cells == [("-", "-"), ("rotary", "-"), ("rotary", "2500")]
+    assert "-: the setting's config default (the row's runs do not override it)." in lines
+
+
 def test_file_locations_do_not_split_seeds(tmp_path):
     """``paths.*`` (cache, logs) say where files live; runs differing only there are seeds of one row."""
     write_run(tmp_path, "a", "listops", "curformer", 0, 0.34, overrides=["task.data_dir=/d"])

@@ -78,8 +78,11 @@ def task_table(rows: list[dict], settings: list[str]) -> tuple[list[str], list[l
                      f"({paired['paired_on']})")
     if shortcut := next((row["shortcut"] for row in rows if row.get("shortcut")), None):
         notes.append(f"shortcut: {shortcut}")
+    if varying:
+        notes.append("-: the setting's config default (the row's runs do not override it)")
     if any(row["delta"] is not None and row["independent_test_acc_mean"] is not None for row in rows):
-        notes.append("Δ: the independent-test mean minus the published number")
+        notes.append("Δ: the independent-test mean (the test mean where a row has no independent test) minus the "
+                     "published number")
     return header, body, notes
 
 
