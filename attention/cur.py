@@ -68,6 +68,14 @@ def _with_rows(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torc
     return x, _rows(x, index)
 
 
+def attend(score: ScoreFn, q, k, key_mask, v, q_index=None, k_index=None) -> torch.Tensor:
+    """``score(q, k, key_mask, q_index, k_index) @ v`` ``(B, H, a, e)``, through ``score.attend`` where the score
+    has one (a fused product that never stores the ``a × b`` weights, e.g. :meth:`SoftmaxScore.attend`)."""
+    if hasattr(score, "attend"):
+        return score.attend(q, k, key_mask, v, q_index, k_index)
+    return score(q, k, key_mask, q_index, k_index) @ v
+
+
 def cur_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -99,15 +107,16 @@ def cur_attention(
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
         q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
         k, k_rows = _with_rows(k, index_k)
-        c = score(q, k_rows, valid_k[:, :, None, :], None, index_k)  # (B, H, n, m)
-        c, c_rows = _with_rows(c, index_q)  # C and its rows I, (B, H, m, m)
-        r = score(q_rows, k, key_mask[:, None, None, :], index_q, None)  # (B, H, m, n)
+        valid_keys = valid_k[:, :, None, :]  # (B, H, 1, m)
+        rv = attend(score, q_rows, k, key_mask[:, None, None, :], v, index_q, None)  # R V, (B, H, m, d)
         eye = torch.eye(index_q.shape[-1], dtype=dtype, device=q.device)
-        u = torch.where(valid_q[..., None], c_rows, eye)  # (B, H, m, m); identity rows on invalid slots
-        rv = r @ v  # (B, H, m, d)
-        y = c @ (iterative_pinv(u, pinv_iters, pinv_init) @ rv)  # (B, H, n, d)
-        if overwrite_rows:
-            y = y.scatter_(2, index_q[..., None].expand_as(rv), rv)
+        c_rows = score(q_rows, k_rows, valid_keys, index_q, index_k)  # U = C[I], (B, H, m, m)
+        u = torch.where(valid_q[..., None], c_rows, eye)  # identity rows on invalid slots
+        w = iterative_pinv(u, pinv_iters, pinv_init) @ rv  # U⁺ (R V), (B, H, m, d)
+        y = attend(score, q, k_rows, valid_keys, w, None, index_k)  # C (U⁺ R V), (B, H, n, d)
+        if overwrite_rows:  # in place unless autograd saved y (SDPA saves its output for backward)
+            rows = index_q[..., None].expand_as(rv)
+            y = y.scatter(2, rows, rv) if torch.is_grad_enabled() and y.requires_grad else y.scatter_(2, rows, rv)
     return y.to(out_dtype)
 
 

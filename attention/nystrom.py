@@ -170,11 +170,11 @@ class NystromAttention(nn.Module):
             q_land, valid = segment_means(q, key_mask, m)  # (B, H, m, d), (B, m)
             k_land, _ = segment_means(k, key_mask, m)
             valid_keys = valid[:, None, None, :]
-            k1 = self.score(q, k_land, valid_keys)  # (B, H, n, m)
             eye = torch.eye(m, dtype=dtype, device=q.device)  # k2's rows on empty segments
             k2 = torch.where(valid[:, None, :, None], self.score(q_land, k_land, valid_keys), eye)  # (B, H, m, m)
-            k3 = self.score(q_land, k, key_mask[:, None, None, :])  # (B, H, m, n)
-            y = k1 @ (iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ (k3 @ v))
+            k3v = self.score.attend(q_land, k, key_mask[:, None, None, :], v)  # k3 V, (B, H, m, d)
+            w = iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ k3v  # (B, H, m, d)
+            y = self.score.attend(q, k_land, valid_keys, w)  # k1 (pinv(k2) k3 V), (B, H, n, d)
             if self.conv is not None:
                 y = y + self.conv(v * key_mask[:, None, :, None])
         return y.to(out_dtype)

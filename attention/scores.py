@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attention import l1_cpu
@@ -30,8 +31,10 @@ from attention.precision import autocast_off
 class MaskedSoftmax(torch.autograd.Function):
     """Masked row softmax written into its input ``logits`` ``(..., b)`` (a fresh tensor nobody else needs).
 
-    Branch-free and sync-free, so the same ops run whatever the mask holds (no ``bool(mask.all())``:
-    on a GPU that blocks the host, stalls the launch queue and breaks CUDA and ``torch.compile`` graphs).
+    Branch-free and sync-free on other devices, so the same ops run whatever the mask holds (no
+    ``bool(mask.all())``: on a GPU that blocks the host, stalls the launch queue and breaks CUDA and
+    ``torch.compile`` graphs). On CPU, where reading the mask costs nothing, steps 1 and 3 run only when
+    they change something (each is a full pass over the ``a × b`` logits).
     ``key_mask`` (bool, broadcastable to ``logits``, True = real key) or None:
 
     1. masked logits are shifted by half the dtype's lowest finite value (an add of a small
@@ -49,6 +52,10 @@ class MaskedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        has_real = None if key_mask is None else key_mask.any(-1, keepdim=True)
+        if logits.device.type == "cpu" and key_mask is not None:  # reading a CPU mask costs no sync
+            has_real = None if bool(has_real.all()) else has_real  # step 3 only for rows without real keys
+            key_mask = None if bool(key_mask.all()) else key_mask  # step 1 only with masked keys
         if key_mask is not None:
             low = torch.finfo(logits.dtype).min / 2
             logits.add_(logits.new_zeros(key_mask.shape).masked_fill_(~key_mask, low))
@@ -57,8 +64,8 @@ class MaskedSoftmax(torch.autograd.Function):
         else:
             logits.sub_(logits.amax(-1, keepdim=True)).exp_()
             logits.div_(logits.sum(-1, keepdim=True))
-        if key_mask is not None:
-            logits.mul_(key_mask.any(-1, keepdim=True))
+        if has_real is not None:
+            logits.mul_(has_real)
         ctx.mark_dirty(logits)
         ctx.save_for_backward(logits)
         return logits
@@ -108,6 +115,19 @@ class SoftmaxScore(nn.Module):
         else:
             logits = q @ (k * scale).transpose(-1, -2)
         return masked_softmax(logits, key_mask)
+
+    def attend(self, q, k, key_mask, v, q_index=None, k_index=None) -> torch.Tensor:
+        """``self(q, k, key_mask) @ v`` ``(B, H, a, e)`` for ``v`` ``(B, H, b, e)``.
+
+        On CPU one fused call of ``scaled_dot_product_attention`` (its flash kernel: blocks of the ``a × b``
+        logits stay in cache, the weights are never stored, backward recomputes them), whose boolean mask
+        gives masked keys exactly 0 and a row without any real key all 0, as :func:`masked_softmax` does.
+        Other devices multiply the weights of :meth:`forward` (SDPA's CUDA backends differ on empty rows).
+        """
+        if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):
+            mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self(q, k, key_mask) @ v
 
 
 CPU_KERNEL = True  # False runs the PyTorch path of other devices on CPU too (tests compare the two)

@@ -9,7 +9,7 @@ spread (tests/tolerances.py), so they hold whatever order ATen's kernel sums in 
 import pytest
 import torch
 
-from attention.scores import masked_softmax, masked_softmax_out_of_place
+from attention.scores import SoftmaxScore, masked_softmax, masked_softmax_out_of_place
 from tests.tolerances import tolerance
 
 
@@ -86,3 +86,60 @@ def test_out_of_place_form_matches_the_reference_and_its_gradient(width):
     small, small_mask = logits_and_mask(9, torch.float64, seed=1)
     small.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: masked_softmax_out_of_place(x, small_mask), (small,))
+
+
+@pytest.mark.parametrize("fill", ["all_real", "every_row_real", "empty_rows"])
+def test_cpu_skips_of_the_mask_steps_change_nothing(fill):
+    """On CPU ``masked_softmax`` skips the mask bias when every key is real and the zeroing when every row has
+    a real key; its weights equal the branch-free form's (what other devices and compiled code run)."""
+    logits, key_mask = logits_and_mask(64, torch.float32, seed=4)
+    if fill == "all_real":
+        key_mask = torch.ones_like(key_mask)
+    elif fill == "every_row_real":
+        key_mask[1] = key_mask[0]
+    weights = masked_softmax(logits.clone(), key_mask)
+    torch.testing.assert_close(weights, masked_softmax_out_of_place(logits, key_mask), **softmax_tolerance(logits))
+    torch.testing.assert_close(weights.double(), reference(logits, key_mask), **softmax_tolerance(logits))
+    assert (weights[..., ~key_mask[0, 0, 0]][0] == 0).all()
+    assert (weights[1] == 0).all() == (fill == "empty_rows")
+
+
+def attend_inputs(a, b, dtype, seed=5):
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, rows, 8, generator=generator, dtype=dtype) for rows in (a, b, b))
+    masks = {
+        "none": None,
+        "per_sequence": torch.rand(2, 1, 1, b, generator=generator) > 0.3,  # as R V: pad keys of each sequence
+        "per_head": torch.rand(2, 2, 1, b, generator=generator) > 0.3,  # as C W: landmark columns per head
+    }
+    masks["empty"] = masks["per_head"].clone()
+    masks["empty"][1, 0] = False  # a sequence and head with no real key: its rows are 0
+    return q, k, v, masks
+
+
+@pytest.mark.parametrize("a, b", [(40, 6), (6, 40)], ids=["n_by_m", "m_by_n"])
+@pytest.mark.parametrize("mask_kind", ["none", "per_sequence", "per_head", "empty"])
+def test_softmax_attend_equals_weights_times_values(a, b, mask_kind):
+    """``SoftmaxScore.attend`` (SDPA's fused CPU kernel) against the weights of ``SoftmaxScore`` times V: values
+    in float32 (tolerance of a length-``b`` softmax and product) and float64, gradients by gradcheck."""
+    for dtype in (torch.float32, torch.float64):
+        q, k, v, masks = attend_inputs(a, b, dtype)
+        mask = masks[mask_kind]
+        fused = SoftmaxScore().attend(q, k, mask, v)
+        exact = SoftmaxScore()(q.double(), k.double(), mask) @ v.double()
+        logits = q.double() @ k.double().transpose(-1, -2) / 8**0.5
+        spread = float(logits.max() - logits.min())  # softmax, then Σ w·v (terms of mixed sign: atol from |v|)
+        tol = tolerance(dtype, b, scale=float(v.abs().max()), reductions=2, conditioning=spread)
+        torch.testing.assert_close(fused.double(), exact, **tol)
+        if mask_kind == "empty":
+            assert (fused[1, 0] == 0).all()
+    q, k, v, masks = attend_inputs(a, b, torch.float64, seed=6)
+    mask = masks[mask_kind]
+    inputs = tuple(x[:1, :, :5] if x is q else x[:1] for x in (q, k, v))
+    mask = None if mask is None else mask[:1]
+    leaves = tuple(x.clone().requires_grad_() for x in inputs)
+    assert torch.autograd.gradcheck(lambda q, k, v: SoftmaxScore().attend(q, k, mask, v), leaves)
+    fused_grads = torch.autograd.grad(SoftmaxScore().attend(*leaves[:2], mask, leaves[2]).square().sum(), leaves)
+    exact_grads = torch.autograd.grad((SoftmaxScore()(*leaves[:2], mask) @ leaves[2]).square().sum(), leaves)
+    for fused, exact in zip(fused_grads, exact_grads):
+        torch.testing.assert_close(fused, exact, rtol=1e-10, atol=1e-12)
