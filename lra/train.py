@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lra.checkpoints import AtomicCheckpointIO, load_transferred_weights
 from lra.config import CONFIG_DIR
+from lra.csv_logger import CSVRowsInCheckpoint, RunCSVLogger
 from lra.hydra_callbacks import unfinished_jobs
 from lra.module import build_module
 from lra.pretrain import ENCODER_CHECKPOINT, build_pretrain_module, pretrain_callbacks, read_encoder_record
@@ -91,6 +92,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, loggers: list | None = None, c
         loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     if callbacks is None:
         callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values()]
+    # a resumed run continues its metrics.csv from the rows its checkpoint records
+    callbacks = [*callbacks, *(CSVRowsInCheckpoint(logger) for logger in loggers if isinstance(logger, RunCSVLogger))]
     plugins = [instantiate(node) for node in (cfg.trainer.get("plugins") or [])]
     if not any(hasattr(plugin, "save_checkpoint") for plugin in plugins):
         plugins.append(AtomicCheckpointIO())  # checkpoints are never left cut short under their final name

@@ -199,3 +199,5 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     reference = json.loads((straight / "results.json").read_text())
     assert record["pretrain_loss_curve"] == reference["pretrain_loss_curve"]
     assert record["test_acc"] == reference["test_acc"] and record["val_curve"] == reference["val_curve"]
+    metrics = ("csv", "version_0", "metrics.csv")  # both stages' rows, in the one file the resumed run continued
+    assert run_dir.joinpath(*metrics).read_bytes() == straight.joinpath(*metrics).read_bytes()
