@@ -16,7 +16,7 @@ import torch
 
 from lra.bench import compile_check, gpu_check
 from lra.bench.__main__ import main as bench
-from lra.module import build_module
+from lra.module import build_model, build_module, compile_in_place
 from lra.results import config_differences
 from lra.run_dir import settings_differences
 from tests.conftest import compose_config, run_cli
@@ -54,6 +54,36 @@ def test_compiled_training_step_matches_eager(attention, lengths, one_compile_th
 def test_compiled_training_step_matches_eager_other_variants(attention, one_compile_thread):
     result = compile_check.compare(small(attention), torch.device("cpu"), lengths=(48, 40, 44))
     assert max(result["logits"], result["loss"], result["grads"]) <= compile_check.TOLERANCE, result
+
+
+def dropout_step(model, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and the flattened gradients of one training step (dropout on) from ``seed``."""
+    ids = torch.randint(2, 17, (2, 48), generator=torch.Generator().manual_seed(1))  # real ListOps tokens
+    mask = torch.ones(2, 48, dtype=torch.bool)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    logits, aux_losses = model(ids, mask)
+    (torch.nn.functional.cross_entropy(logits, torch.tensor([1, 2])) + sum(aux_losses.values())).backward()
+    return logits.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def test_compiled_training_on_cpu_draws_the_eager_dropout_masks(one_compile_thread):
+    """On CPU ``compile_in_place`` has Inductor draw with ATen's generator, so a compiled step with dropout on
+    gives the eager step's logits and gradients from the same seed; with Inductor's own generator
+    (``nn.Module.compile()`` without options) the masks, and so the results, differ."""
+    cfg = small("curformer", "model.dropout=0.3")
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    eager_logits, eager_grads = dropout_step(model, seed=5)
+    compile_in_place(model, torch.device("cpu"))
+    logits, grads = dropout_step(model, seed=5)
+    assert torch.allclose(logits, eager_logits, rtol=0, atol=compile_check.TOLERANCE * eager_logits.abs().max())
+    assert torch.allclose(grads, eager_grads, rtol=0, atol=compile_check.TOLERANCE * eager_grads.abs().max())
+    assert not torch.equal(dropout_step(model, seed=6)[0], logits)  # dropout is on: another seed, other masks
+    torch._dynamo.reset()
+    model.compile()
+    own_logits, _ = dropout_step(model, seed=5)
+    assert (own_logits - eager_logits).abs().max() > 100 * compile_check.TOLERANCE * eager_logits.abs().max()
 
 
 def test_the_comparison_sees_a_compiler_that_changes_results():

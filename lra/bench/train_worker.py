@@ -5,8 +5,8 @@
 process builds the real model (``lra.module.build_model``) and AdamW (``cfg.optimizer``), then:
 
 1. the FLOPs of one training step (forward and backward, eager: :func:`lra.bench.common.count_flops`);
-   with ``model.compile=true`` in the overrides the model is compiled after this (``nn.Module.compile``,
-   as ``lra.module.LRAModule.configure_model`` does);
+   with ``model.compile=true`` in the overrides the model is compiled after this
+   (:func:`lra.module.compile_in_place`, as ``lra.module.LRAModule.configure_model`` does);
 2. one untimed training step under :class:`lra.bench.common.SavedTensorBytes` (parameters excluded), its
    wall time ``first_step_s`` (compilation included when compiled);
 3. ``warmup`` untimed steps, then ``steps`` timed steps (forward, cross-entropy + auxiliary
@@ -36,7 +36,7 @@ from torch import nn
 
 from lra.bench import common
 from lra.config import compose_config
-from lra.module import build_model, compile_setting
+from lra.module import build_model, compile_in_place, compile_setting
 
 
 def proc_status(key: str) -> int | None:
@@ -104,7 +104,7 @@ def measure(spec: dict) -> dict:
     optimizer.zero_grad(set_to_none=True)
     compiled = compile_setting(cfg)
     if compiled:
-        model.compile()
+        compile_in_place(model, device)
     started = time.perf_counter()
     with common.SavedTensorBytes(exclude=params) as saved:
         loss = loss_of_batch()
