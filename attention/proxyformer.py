@@ -12,7 +12,8 @@ per head, with landmarks ``L = P W_L`` ``(m, d)`` and the input's ``Q, K, V`` ``
   the entries of K₁ / K₂) or ``decomposed`` (whole key columns of K₂, the paper's proposal)
 
 Defaults (paper §4): m = 128, τ = 0.07, p = 0.1, decomposed dropout, contrastive and injection on.
-Cost O(n m d) time and O(n m + m d) memory per head.
+Cost O(n m d) time per head; the fused products (``ProxyAttention``) store O(n d + m d) per head, not the
+O(n m) of K₁ and K₂ (element dropout, ``k1`` / ``k2``, forms the matrix it drops from).
 
 Decisions (the paper leaves them open):
 * Eq. 8 writes ``1/m Σᵢ`` and ``-Σᵢ`` together; we take the mean over the m landmarks (cross-entropy).
@@ -43,17 +44,21 @@ def landmark_contrastive_loss(landmarks: torch.Tensor, tau: float) -> torch.Tens
 
 def inject_input(proxies: torch.Tensor, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
     """Eq. 11: ``P + softmax(P Xᵀ/√d) X`` over real tokens; ``proxies`` ``(B, m, d)``, ``x`` ``(B, n, d)``,
-    ``key_mask`` bool ``(B, n)`` -> ``(B, m, d)``."""
-    mask = key_mask[:, None, :]  # (B, 1, n)
-    return proxies + F.scaled_dot_product_attention(proxies, x, x, attn_mask=mask)
+    ``key_mask`` bool ``(B, n)`` -> ``(B, m, d)``. Called with one head, 4-D, so that the fused kernel runs (3-D
+    inputs take PyTorch's math path, which forms the m × n weights)."""
+    mask = key_mask[:, None, None, :]  # (B, 1, 1, n)
+    return proxies + F.scaled_dot_product_attention(proxies[:, None], x[:, None], x[:, None], attn_mask=mask)[:, 0]
 
 
 class DecomposedDropout(nn.Module):
     """Dropout on the decomposed attention ``K₁`` ``(B, H, n, m)`` / ``K₂`` ``(B, H, m, n)`` (Fig. 5).
 
-    ``mode``: ``none``; ``k1`` / ``k2``: ordinary element dropout on that matrix; ``decomposed``: a
-    key column ``j`` of K₂ is zeroed for all m landmarks at once (mask ``(B, H, 1, n)``), which removes
-    column j of the reconstructed ``K₁ K₂`` entirely. Identity in eval mode.
+    ``mode``: ``none``; ``k1`` / ``k2``: ordinary element dropout on that matrix (``elements``, so the
+    attention forms that matrix); ``decomposed``: key column ``j`` of K₂ zeroed for all m landmarks at once,
+    which removes column j of the reconstructed ``K₁ K₂`` entirely. As ``K₂ diag(c) V = K₂ (c ⊙ V)``,
+    ``drop_keys`` applies that column mask to the rows of ``V`` ``(B, H, n, d)``: mask ``(B, H, n, 1)``,
+    the same uniforms in the same order as a ``(B, H, 1, n)`` column mask. Masks are ``1[u ≥ p]/(1 − p)``
+    with ``u ~ U[0, 1)``; nothing is dropped in eval mode.
     """
 
     def __init__(self, mode: str, p: float):
@@ -65,28 +70,39 @@ class DecomposedDropout(nn.Module):
         self.mode = mode
         self.p = p
 
-    def _drop(self, weights: torch.Tensor, mask_shape: tuple[int, ...]) -> torch.Tensor:
-        keep = torch.rand(mask_shape, device=weights.device) >= self.p
-        return weights * keep.to(weights.dtype) / (1.0 - self.p)
+    def drops(self, mode: str) -> bool:
+        """Whether dropout of kind ``mode`` is active: it is this module's mode, training, ``p > 0``."""
+        return self.training and self.p > 0.0 and self.mode == mode
 
-    def forward(self, k1: torch.Tensor, k2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.training or self.p == 0.0 or self.mode == "none":
-            return k1, k2
-        if self.mode == "k1":
-            return self._drop(k1, k1.shape), k2
-        if self.mode == "k2":
-            return k1, self._drop(k2, k2.shape)
-        batch, heads, _, n = k2.shape
-        return k1, self._drop(k2, (batch, heads, 1, n))
+    def _drop(self, x: torch.Tensor, mask_shape: tuple[int, ...]) -> torch.Tensor:
+        keep = torch.rand(mask_shape, device=x.device) >= self.p
+        return x * keep.to(x.dtype).div_(1.0 - self.p)
+
+    def drop_keys(self, v: torch.Tensor) -> torch.Tensor:
+        """``decomposed`` mode: whole rows of ``v`` ``(B, H, n, d)`` (= key columns of K₂); else ``v``."""
+        if not self.drops("decomposed"):
+            return v
+        batch, heads, n, _ = v.shape
+        return self._drop(v, (batch, heads, n, 1))
+
+    def elements(self, weights: torch.Tensor) -> torch.Tensor:
+        """Element dropout on ``weights`` (K₁ or K₂, whichever ``drops("k1" / "k2")`` names)."""
+        return self._drop(weights, weights.shape)
 
 
 class ProxyAttention(nn.Module):
     """Alg. 3 for ``heads`` heads plus the Proxyformer settings the model reads from it.
 
     ``forward(q, k, v, key_mask, landmarks)``: ``q, k, v`` ``(B, H, n, d)`` of the input tokens,
-    ``key_mask`` bool ``(B, n)``, ``landmarks`` ``(B or 1, H, m, d)`` -> ``[Y_p; Y_x]`` ``(B, H, m + n, d)``.
+    ``key_mask`` bool ``(B, n)``, ``landmarks`` ``(B or 1, H, m, d)`` -> ``[Y_p; Y_x]`` ``(B, H, m + n, d)``
+    (a view of a ``(B, m + n, H, d)`` tensor, so merging heads copies nothing).
     ``contrastive_loss(landmarks)`` gives the weighted Eq. 8 term (None when off) and ``inject`` applies
     Eq. 11 when ``injection`` is on; ``num_proxies`` is the m that ``models.proxyformer`` allocates.
+
+    Both products are fused softmax-attention calls (``F.scaled_dot_product_attention``, on CPU PyTorch's
+    flash kernel): ``Y_p = SDPA(L, K, V, pad mask)``, ``Y_x = SDPA(Q, L, Y_p)``, so neither K₁ nor K₂ is
+    stored, and the backward recomputes them block by block. Decomposed dropout rides on ``V``
+    (``DecomposedDropout.drop_keys``); only element dropout (``k1`` / ``k2`` while training) forms its matrix.
     """
 
     def __init__(
@@ -128,14 +144,24 @@ class ProxyAttention(nn.Module):
             )
         if landmarks.shape[-2] != self.num_proxies:
             raise ValueError(f"got {landmarks.shape[-2]} landmarks, expected attention.num_proxies={self.num_proxies}")
+        pad_mask = key_mask[:, None, None, :]  # (B, 1, 1, n)
+        y_p = self.softmax_product(landmarks, k, self.dropout.drop_keys(v), pad_mask, "k2")  # K₂ V: (B, H, m, d)
+        y_x = self.softmax_product(q, landmarks, y_p, None, "k1")  # K₁ Y_p: (B, H, n, d)
+        return torch.cat([y_p.transpose(1, 2), y_x.transpose(1, 2)], dim=1).transpose(1, 2)
+
+    def softmax_product(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, matrix: str
+    ) -> torch.Tensor:
+        """``softmax(query keyᵀ/√d + mask) value`` with ``query`` ``(B, H, r, d)``, ``key, value`` ``(B, H, c, d)``,
+        bool ``mask`` broadcasting to ``(B, H, r, c)`` (True = attend) or None -> ``(B, H, r, d)``. Fused unless
+        element dropout on ``matrix`` (``"k1"`` for K₁, ``"k2"`` for K₂) is active, which needs the weights."""
         scale = 1.0 / math.sqrt(self.head_dim)
-        k1 = torch.softmax(q @ landmarks.transpose(-1, -2) * scale, dim=-1)  # (B, H, n, m)
-        scores = landmarks @ k.transpose(-1, -2) * scale  # (B, H, m, n)
-        k2 = torch.softmax(scores.masked_fill(~key_mask[:, None, None, :], float("-inf")), dim=-1)
-        k1, k2 = self.dropout(k1, k2)
-        y_p = k2 @ v  # (B, H, m, d)
-        y_x = k1 @ y_p  # (B, H, n, d)
-        return torch.cat([y_p, y_x], dim=2)
+        if not self.dropout.drops(matrix):
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        scores = (query * scale) @ key.transpose(-1, -2)  # (B, H, r, c), a fresh tensor: masked in place
+        if mask is not None:
+            scores.masked_fill_(~mask, float("-inf"))
+        return self.dropout.elements(torch.softmax(scores, dim=-1)) @ value
 
     def contrastive_loss(self, landmarks: torch.Tensor) -> torch.Tensor | None:
         """``contrastive_weight ×`` Eq. 8 on ``landmarks`` ``(B or 1, H, m, d)``; None when switched off."""

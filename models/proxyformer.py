@@ -39,7 +39,7 @@ class ProxyMultiHeadAttention(MultiHeadAttention):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict[str, torch.Tensor]) -> torch.Tensor:
         """``x = [P; X]`` ``(B, m + n, d_model)``, ``key_mask`` ``(B, m + n)`` -> ``(B, m + n, d_model)``."""
         m = self.attend.num_proxies
-        proxies, tokens = x[:, :m], x[:, m:]
+        proxies, tokens = x.split([m, x.shape[1] - m], dim=1)  # one split: its backward is one cat
         landmarks = self.split_heads(self.landmark_proj(proxies))  # (B, H, m, head_dim)
         q, k, v = (self.split_heads(proj(tokens)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         loss = self.attend.contrastive_loss(landmarks)

@@ -25,33 +25,72 @@ def small_model(overrides: list[str] = ()) -> ProxyEncoder:
     return build_model(compose_config([*SMALL, *overrides])).eval()
 
 
-def dense_proxy_reference(q, k, v, key_mask, landmarks):
-    """Alg. 3 one sequence and head at a time, on the real keys only (no mask arithmetic)."""
+def dense_proxy_reference(q, k, v, key_mask, landmarks, k1_keep=None, k2_keep=None):
+    """Alg. 3 one sequence and head at a time, on the real keys only (no mask arithmetic), with K₁ and K₂ formed;
+    ``k1_keep`` ``(B, H, n, m)`` / ``k2_keep`` ``(B, H, m, n)``: dropout multipliers applied to their entries."""
     batch, heads, n, d = q.shape
     m = landmarks.shape[-2]
-    out = torch.zeros(batch, heads, m + n, d, dtype=q.dtype)
+    rows = []
     for b in range(batch):
         real = key_mask[b].nonzero().flatten()
         for h in range(heads):
             L = landmarks[b, h]
             k1 = torch.softmax(q[b, h] @ L.T / math.sqrt(d), dim=-1)
             k2 = torch.softmax(L @ k[b, h, real].T / math.sqrt(d), dim=-1)
+            if k1_keep is not None:
+                k1 = k1 * k1_keep[b, h]
+            if k2_keep is not None:
+                k2 = k2 * k2_keep[b, h][:, real]
             y_p = k2 @ v[b, h, real]
-            out[b, h] = torch.cat([y_p, k1 @ y_p])
-    return out
+            rows.append(torch.cat([y_p, k1 @ y_p]))
+    return torch.stack(rows).view(batch, heads, m + n, d)
 
 
-def test_attention_matches_dense_reference_with_padding():
+def proxy_inputs(b=3, h=2, n=12, d=8, m=5):
+    """float64 ``q, k, v`` ``(b, h, n, d)``, landmarks ``(b, h, m, d)`` (all requiring grad) and a mask with padding."""
     torch.manual_seed(0)
-    b, h, n, d, m = 3, 2, 12, 8, 5
-    q, k, v = (torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3))
-    landmarks = torch.randn(b, h, m, d, dtype=torch.float64)
+    tensors = [torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    landmarks = torch.randn(b, h, m, d, dtype=torch.float64, requires_grad=True)
     key_mask = torch.ones(b, n, dtype=torch.bool)
     key_mask[1, 7:] = False
     key_mask[2, 3:] = False
-    attn = ProxyAttention(num_heads=h, head_dim=d, num_proxies=m).eval()
-    out = attn(q, k, v, key_mask, landmarks)
-    torch.testing.assert_close(out, dense_proxy_reference(q, k, v, key_mask, landmarks))
+    return (*tensors, key_mask, landmarks)
+
+
+def outputs_and_grads(fn, inputs):
+    """``fn(*inputs)`` and the gradients of a fixed random projection of it w.r.t. the float inputs."""
+    out = fn(*inputs)
+    weights = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+    leaves = [t for t in inputs if t.requires_grad]
+    return out, torch.autograd.grad((out * weights).sum(), leaves)
+
+
+def test_attention_matches_dense_reference_with_padding():
+    inputs = proxy_inputs()
+    attn = ProxyAttention(num_heads=2, head_dim=8, num_proxies=5).eval()
+    out, grads = outputs_and_grads(attn, inputs)
+    expected, expected_grads = outputs_and_grads(dense_proxy_reference, inputs)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grads, expected_grads)  # q, k, v and landmarks
+
+
+@pytest.mark.parametrize("mode", ["decomposed", "k1", "k2"])
+def test_dropout_modes_match_dense_reference_with_the_same_masks(mode):
+    """Training mode against the reference with the masks drawn from the same seed in the documented shapes:
+    decomposed (B, H, n, 1) on V's rows = key columns of K₂, k1 (B, H, n, m), k2 (B, H, m, n)."""
+    q, k, v, key_mask, landmarks = inputs = proxy_inputs()
+    (b, h, n, _), m, p = q.shape, landmarks.shape[-2], 0.4
+    attn = ProxyAttention(num_heads=h, head_dim=8, num_proxies=m, dropout_mode=mode, dropout=p).train()
+    torch.manual_seed(7)
+    out, grads = outputs_and_grads(attn, inputs)
+    torch.manual_seed(7)
+    shape = {"decomposed": (b, h, n, 1), "k1": (b, h, n, m), "k2": (b, h, m, n)}[mode]
+    keep = (torch.rand(shape) >= p).double() / (1 - p)
+    masks = {"k1_keep": keep} if mode == "k1" else {"k2_keep": keep.transpose(-1, -2) if mode == "decomposed" else keep}
+    expected, expected_grads = outputs_and_grads(lambda *a: dense_proxy_reference(*a, **masks), inputs)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grads, expected_grads)
+    assert 0 < (keep == 0).sum() < keep.numel()  # the test really dropped something
 
 
 def test_model_is_invariant_to_padding():
@@ -94,39 +133,51 @@ def test_contrastive_loss_small_for_orthonormal_large_for_duplicates():
     assert low < mid < high
 
 
-def test_decomposed_dropout_zeroes_whole_key_columns_and_is_off_in_eval():
+def used_matrices(mode: str, training: bool, p: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """K₁ ``(B, H, n, m)`` and K₂ ``(B, H, m, n)`` as the attention used them (dropout included), read off its
+    output: with ``V = I`` (head_dim = n) ``Y_p = K₂``, and ``Y_x = K₁ Y_p`` gives ``K₁ = Y_x Y_p⁺`` (K₂ has
+    full row rank). float64, the same inputs on every call."""
     torch.manual_seed(0)
+    b, h, n, m = 4, 2, 30, 6
+    q, k, landmarks = (torch.randn(b, h, rows, n, dtype=torch.float64) for rows in (n, n, m))
+    v = torch.eye(n, dtype=torch.float64).expand(b, h, n, n)
+    attn = ProxyAttention(num_heads=h, head_dim=n, num_proxies=m, dropout_mode=mode, dropout=p).train(training)
+    out = attn(q, k, v, torch.ones(b, n, dtype=torch.bool), landmarks)
+    y_p, y_x = out[:, :, :m], out[:, :, m:]
+    return y_x @ torch.linalg.pinv(y_p), y_p
+
+
+def test_decomposed_dropout_zeroes_whole_key_columns_and_is_off_in_eval():
     p = 0.5
-    k1 = torch.rand(4, 2, 30, 6) + 0.1  # (B, H, n, m)
-    k2 = torch.rand(4, 2, 6, 30) + 0.1  # (B, H, m, n)
-    dropout = DecomposedDropout("decomposed", p).train()
-    d1, d2 = dropout(k1, k2)
-    assert torch.equal(d1, k1)
-    zero_columns = (d2 == 0).all(dim=2)  # (B, H, n)
-    kept_columns = torch.isclose(d2, k2 / (1 - p)).all(dim=2)
+    k1, k2 = used_matrices("decomposed", True, p)
+    k1_eval, k2_eval = used_matrices("decomposed", False, p)
+    torch.testing.assert_close(k1, k1_eval)  # K₁ untouched
+    zero_columns = (k2 == 0).all(dim=2)  # (B, H, n)
+    kept_columns = torch.isclose(k2, k2_eval / (1 - p)).all(dim=2)
     assert torch.all(zero_columns ^ kept_columns)  # each key column is dropped whole or kept whole
     assert 0 < zero_columns.sum() < zero_columns.numel()
     assert not torch.equal(zero_columns[:, 0], zero_columns[:, 1])  # independent per head
-    dropout.eval()
-    e1, e2 = dropout(k1, k2)
-    assert torch.equal(e1, k1) and torch.equal(e2, k2)
+    none_k1, none_k2 = used_matrices("none", True, p)
+    assert torch.equal(none_k2, k2_eval) and torch.equal(none_k1, k1_eval)  # mode none drops nothing
 
 
 @pytest.mark.parametrize("mode", ["k1", "k2"])
 def test_element_dropout_modes_touch_only_their_matrix(mode):
-    torch.manual_seed(0)
-    k1, k2 = torch.rand(2, 2, 30, 6) + 0.1, torch.rand(2, 2, 6, 30) + 0.1
-    d1, d2 = DecomposedDropout(mode, 0.5).train()(k1, k2)
-    dropped, untouched = (d1, d2) if mode == "k1" else (d2, d1)
-    assert torch.equal(untouched, k2 if mode == "k1" else k1)
-    partial_columns = ((dropped == 0).any(dim=2) & (dropped != 0).any(dim=2)).sum()
+    k1, k2 = used_matrices(mode, True)
+    k1_eval, k2_eval = used_matrices(mode, False)
+    dropped, untouched, untouched_eval = (k1, k2, k2_eval) if mode == "k1" else (k2, k1, k1_eval)
+    torch.testing.assert_close(untouched, untouched_eval)
+    zero = dropped.abs() < 1e-9
+    partial_columns = (zero.any(dim=2) & ~zero.all(dim=2)).sum()
     assert partial_columns > 0  # element-wise: some columns are only partly zeroed
 
 
-def test_dropout_mode_none_and_bad_mode():
-    k1, k2 = torch.rand(1, 1, 5, 3), torch.rand(1, 1, 3, 5)
-    d1, d2 = DecomposedDropout("none", 0.5).train()(k1, k2)
-    assert torch.equal(d1, k1) and torch.equal(d2, k2)
+def test_dropout_switches_and_bad_mode():
+    dropout = DecomposedDropout("k2", 0.5).train()
+    assert dropout.drops("k2") and not dropout.drops("k1") and not dropout.drops("decomposed")
+    assert not dropout.eval().drops("k2") and not DecomposedDropout("k2", 0.0).train().drops("k2")
+    v = torch.rand(1, 1, 5, 3)
+    assert DecomposedDropout("none", 0.5).train().drop_keys(v) is v
     with pytest.raises(ValueError, match="attention.dropout_mode"):
         DecomposedDropout("rows", 0.1)
 
