@@ -9,11 +9,17 @@ Per sequence and head, with ``m`` selected query rows ``I`` and key rows ``J``
     U = C[I, :]                (m × m)   rows of the normalised C, not a fresh softmax (§4.1)
     Y = C (U⁺ (R V)),  then  Y[I] = R V  when ``overwrite_rows`` (those rows are exact)
 
+computed as ``W = U⁺ (R V)`` then ``Y = C W``. A score with an ``attend`` method
+(:meth:`attention.scores.SoftmaxScore.attend`: one fused SDPA call on CPU) forms both products with it, so
+``C`` and ``R`` are never stored, and ``U`` is then the score of ``Q_I`` against ``K_J`` with ``C``'s mask,
+which is ``C[I, :]`` row for row (the same normalised rows, only the ``m`` of them); other scores (L1, MEGA's)
+materialise ``C`` and ``R`` and take ``U`` from ``C``'s rows.
+
 with ``U⁺`` the iterative pseudo-inverse (:mod:`attention.pinv`, ``pinv_iters`` iterations; ``pinv_init``
 ``per_head`` scales its start ``Z₀`` per sequence and head as Nyströmformer eq. 16 writes, ``global`` by
 one maximum over the batch as the public Nyströmformer code does).
-Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors; no
-``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
+Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors (O(nd + m²) with a
+fused ``attend``); no ``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
 
 Decisions: everything runs in float32 with autocast disabled (float64 stays float64) and the
 output is cast back to the input dtype. Slots that :mod:`attention.selection` had to put on pad
@@ -68,14 +74,6 @@ def _with_rows(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torc
     return x, _rows(x, index)
 
 
-def attend(score: ScoreFn, q, k, key_mask, v, q_index=None, k_index=None) -> torch.Tensor:
-    """``score(q, k, key_mask, q_index, k_index) @ v`` ``(B, H, a, e)``, through ``score.attend`` where the score
-    has one (a fused product that never stores the ``a × b`` weights, e.g. :meth:`SoftmaxScore.attend`)."""
-    if hasattr(score, "attend"):
-        return score.attend(q, k, key_mask, v, q_index, k_index)
-    return score(q, k, key_mask, q_index, k_index) @ v
-
-
 def cur_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -108,15 +106,22 @@ def cur_attention(
         q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
         k, k_rows = _with_rows(k, index_k)
         valid_keys = valid_k[:, :, None, :]  # (B, H, 1, m)
-        rv = attend(score, q_rows, k, key_mask[:, None, None, :], v, index_q, None)  # R V, (B, H, m, d)
+        fused = hasattr(score, "attend")  # C and R never stored: U as the score of Q_I against K_J
+        if fused:
+            rv = score.attend(q_rows, k, key_mask[:, None, None, :], v, index_q, None)  # R V, (B, H, m, d)
+            c_rows = score(q_rows, k_rows, valid_keys, index_q, index_k)  # U = C[I], (B, H, m, m)
+        else:
+            c = score(q, k_rows, valid_keys, None, index_k)  # (B, H, n, m)
+            c, c_rows = _with_rows(c, index_q)  # C and its rows I, (B, H, m, m)
+            rv = score(q_rows, k, key_mask[:, None, None, :], index_q, None) @ v  # (B, H, m, d)
         eye = torch.eye(index_q.shape[-1], dtype=dtype, device=q.device)
-        c_rows = score(q_rows, k_rows, valid_keys, index_q, index_k)  # U = C[I], (B, H, m, m)
-        u = torch.where(valid_q[..., None], c_rows, eye)  # identity rows on invalid slots
+        u = torch.where(valid_q[..., None], c_rows, eye)  # (B, H, m, m); identity rows on invalid slots
         w = iterative_pinv(u, pinv_iters, pinv_init) @ rv  # U⁺ (R V), (B, H, m, d)
-        y = attend(score, q, k_rows, valid_keys, w, None, index_k)  # C (U⁺ R V), (B, H, n, d)
+        y = score.attend(q, k_rows, valid_keys, w, None, index_k) if fused else c @ w  # C (U⁺ R V), (B, H, n, d)
         if overwrite_rows:  # in place unless autograd saved y (SDPA saves its output for backward)
             rows = index_q[..., None].expand_as(rv)
-            y = y.scatter(2, rows, rv) if torch.is_grad_enabled() and y.requires_grad else y.scatter_(2, rows, rv)
+            saved = fused and torch.is_grad_enabled() and y.requires_grad
+            y = y.scatter(2, rows, rv) if saved else y.scatter_(2, rows, rv)
     return y.to(out_dtype)
 
 

@@ -18,7 +18,10 @@ on ``A``, which takes about 20 iterations, not the default 6. Measured (float64,
 3.1–3.7e-2 at 6 iterations, 1.7–3.0e-3 at 10, ≤ 1.2e-4 at 15, ≤ 2.4e-6 at 20 (1e-14 for most
 seeds); with q, k halved, 1.6–2.5e-2 at 6. The conv (``conv_kernel_size``, 35 in the LRA code;
 null disables it) sees V with pad rows zeroed; :class:`SequenceConv` computes it as banded matrix
-products over blocks of the sequence (the sums of ``F.conv1d`` with ``groups = heads``). Landmarks
+products over blocks of the sequence (the sums of ``F.conv1d`` with ``groups = heads``), the pad mask and
+the sum with the attention term folded into the copies those products make. ``k3 V`` and ``k1 (pinv(k2) k3 V)``
+go through :meth:`attention.scores.SoftmaxScore.attend` (one fused SDPA call each on CPU: the ``n × m``
+weights are never stored). Landmarks
 and ``pinv`` run in float32 with autocast disabled (float64 stays float64); ``pinv_init`` picks the
 scale of ``pinv``'s start (``per_head``, eq. 16 as written, or ``global``, the public code's;
 :mod:`attention.pinv`). Cost O(nmd + m³) time, O(nm) memory. Default m = 64 (the paper's LRA
@@ -57,49 +60,75 @@ def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torc
     return sums / counts.clamp_min(1)[:, None, :, None], counts > 0
 
 
-def _windows(x: torch.Tensor, block: int, width: int) -> torch.Tensor:
-    """Rows ``[j·block, j·block + width)`` of ``x`` ``(B, H, n, d)`` zero-padded by ``(width − block)/2`` at the
-    start of the sequence (and to whole blocks at its end), transposed: ``(B, H, blocks·d, width)``."""
+def _windows(x: torch.Tensor, block: int, width: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows ``[j·block, j·block + width)`` of ``x ⊙ mask`` ``(B, H, n, d)`` (``mask`` ``(B, 1, n, 1)`` or None)
+    zero-padded by ``(width − block)/2`` at the start of the sequence (and to whole blocks at its end),
+    transposed: ``(B, H, blocks·d, width)``. The masked rows are written once into the padded buffer (only its
+    margins are zeroed), then the windows are copied out of it."""
     batch, heads, n, d = x.shape
     blocks, half = -(-n // block), (width - block) // 2
-    padded = F.pad(x, (0, 0, half, blocks * block - n + half))
+    if torch.compiler.is_compiling():  # dynamo takes no strided out=; the compiler fuses these copies itself
+        padded = F.pad(x if mask is None else x * mask, (0, 0, half, blocks * block - n + half))
+        return padded.unfold(2, width, block).reshape(batch, heads, blocks * d, width)
+    padded = x.new_empty(batch, heads, blocks * block + width - block, d)
+    padded[:, :, :half].zero_()
+    padded[:, :, half + n:].zero_()
+    if mask is None:
+        padded[:, :, half:half + n].copy_(x)
+    else:
+        torch.mul(x, mask, out=padded[:, :, half:half + n])
     return padded.unfold(2, width, block).reshape(batch, heads, blocks * d, width)
 
 
-def _banded_product(x: torch.Tensor, toeplitz: torch.Tensor) -> torch.Tensor:
-    """``y[b, h, i] = Σ_t w[h, t] · x[b, h, i + t − K//2]`` ``(B, H, n, d)`` from the band ``toeplitz`` of ``w``."""
+def _banded_blocks(x: torch.Tensor, toeplitz: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[b, h, i] = Σ_t w[h, t] · (x ⊙ mask)[b, h, i + t − K//2]`` from the band ``toeplitz`` of ``w``, as a strided
+    ``(B, H, blocks, block, d)`` view of whole blocks (rows past ``n`` included): its reader copies it once."""
     batch, heads, n, d = x.shape
     block, width = toeplitz.shape[-2:]
-    out = _windows(x, block, width) @ toeplitz.transpose(-1, -2)  # (B, H, blocks·d, block)
-    out = out.view(batch, heads, -1, d, block).transpose(-1, -2)
-    return out.reshape(batch, heads, -1, d)[:, :, :n]
+    out = _windows(x, block, width, mask) @ toeplitz.transpose(-1, -2)  # (B, H, blocks·d, block)
+    return out.view(batch, heads, -1, d, block).transpose(-1, -2)
+
+
+def _plus_blocks(base: torch.Tensor | None, blocks: torch.Tensor, n: int) -> torch.Tensor:
+    """``base + blocks`` rows ``[0, n)`` as one contiguous ``(B, H, n, d)`` tensor (``base`` None: 0), reading the
+    strided blocks once."""
+    batch, heads, count, block, d = blocks.shape
+    if count * block == n and base is not None and not torch.compiler.is_compiling():  # the sum keeps base's memory layout (SDPA's (B, n, H, d) on CPU)
+        out = torch.empty_like(base)
+        torch.add(base.view(batch, heads, count, block, d), blocks, out=out.view(batch, heads, count, block, d))
+        return out
+    rows = blocks.reshape(batch, heads, count * block, d)[:, :, :n]
+    return rows if base is None else base + rows
 
 
 class _BandedProduct(torch.autograd.Function):
-    """:func:`_banded_product` saving ``x`` only (not its ``(width/block)``× larger windows).
+    """``base + conv(x ⊙ mask)`` through :func:`_banded_blocks`, saving ``x`` only (not its ``(width/block)``×
+    larger windows); ``base`` and ``mask`` may be None.
 
-    Backward: ``∂/∂x`` is the same product with the reversed kernel (``T`` flipped on both axes: the
-    adjoint of a correlation) and ``∂/∂T = Σ_b g_blocksᵀ · windows(x)``.
+    Backward: ``∂/∂base`` is the incoming gradient, ``∂/∂x`` the same product with the reversed kernel (``T``
+    flipped on both axes: the adjoint of a correlation) times the mask, ``∂/∂T = Σ_b g_blocksᵀ · windows(x ⊙ mask)``.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, toeplitz: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, toeplitz)
-        return _banded_product(x, toeplitz)
+    def forward(ctx, x: torch.Tensor, toeplitz: torch.Tensor, mask: torch.Tensor | None, base: torch.Tensor | None):
+        ctx.save_for_backward(x, toeplitz, mask)
+        return _plus_blocks(base, _banded_blocks(x, toeplitz, mask), x.shape[2])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, toeplitz = ctx.saved_tensors
+        x, toeplitz, mask = ctx.saved_tensors
         batch, heads, n, d = x.shape
         block, width = toeplitz.shape[-2:]
         blocks = -(-n // block)
-        grad_x = _banded_product(grad, toeplitz.flip(-1, -2)) if ctx.needs_input_grad[0] else None
-        grad_t = None
+        grad_x = grad_t = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _plus_blocks(None, _banded_blocks(grad, toeplitz.flip(-1, -2)), n)
+            grad_x = grad_x.contiguous() if mask is None else grad_x * mask
         if ctx.needs_input_grad[1]:
             g = F.pad(grad, (0, 0, 0, blocks * block - n)).view(batch, heads, blocks, block, d).transpose(-1, -2)
             g = g.reshape(batch, heads, blocks * d, block)
-            grad_t = (g.transpose(-1, -2) @ _windows(x, block, width)).sum(0)  # (H, block, width)
-        return grad_x, grad_t
+            grad_t = (g.transpose(-1, -2) @ _windows(x, block, width, mask)).sum(0)  # (H, block, width)
+        return grad_x, grad_t, None, grad if ctx.needs_input_grad[3] else None
 
 
 class SequenceConv(nn.Module):
@@ -128,9 +157,12 @@ class SequenceConv(nn.Module):
         band = (shift >= 0) & (shift < self.kernel_size)
         return torch.where(band, self.weight[:, 0, shift.clamp(0, self.kernel_size - 1)], 0.0).to(dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` ``(B, H, n, d)`` -> ``(B, H, n, d)``."""
-        return _BandedProduct.apply(x, self.toeplitz(x.dtype))
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None, base: torch.Tensor | None = None):
+        """``base + conv(x ⊙ key_mask)`` ``(B, H, n, d)`` for ``x`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` or
+        None (all real), ``base`` ``(B, H, n, d)`` or None (0): the mask and the sum are folded into the copies
+        the banded products make anyway."""
+        mask = None if key_mask is None else key_mask[:, None, :, None].to(x.dtype)
+        return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         weight = state_dict.get(prefix + "weight")
@@ -176,7 +208,7 @@ class NystromAttention(nn.Module):
             w = iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ k3v  # (B, H, m, d)
             y = self.score.attend(q, k_land, valid_keys, w)  # k1 (pinv(k2) k3 V), (B, H, n, d)
             if self.conv is not None:
-                y = y + self.conv(v * key_mask[:, None, :, None])
+                y = self.conv(v, key_mask, y)  # y + conv(V with pad rows zeroed)
         return y.to(out_dtype)
 
     def extra_repr(self) -> str:
