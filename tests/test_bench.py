@@ -88,7 +88,8 @@ def test_bench_attention_tiny(tmp_path):
     assert list(rows[0]) == [
         "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "threads", "status", "reason",
         "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised",
-        "speedup_fwdbwd_materialised", "flops_fwd", "flops_fwdbwd",
+        "speedup_fwdbwd_materialised", "flops_fwd", "flops_fwdbwd", "flops_per_s_fwd", "flops_per_s_fwdbwd",
+        "flop_ratio_fwd", "flop_ratio_fwdbwd", "matmul_flops_per_s",
         "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
         "cpu", "cpu_capability", "torch", "gpu", "gpu_capability",
     ]
@@ -111,6 +112,11 @@ def test_bench_attention_tiny(tmp_path):
             assert number(row["speedup_fwd"]) == pytest.approx(number(ref["fwd_s"]) / number(row["fwd_s"]))
             assert number(row["speedup_fwdbwd"]) == pytest.approx(number(ref["fwdbwd_s"]) / number(row["fwdbwd_s"]))
             assert number(row["flops_fwdbwd"]) > number(row["flops_fwd"]) > 0
+            for phase, seconds in (("fwd", "fwd_s"), ("fwdbwd", "fwdbwd_s")):  # how far from the machine's limit
+                flops = number(row[f"flops_{phase}"])
+                assert number(row[f"flops_per_s_{phase}"]) == pytest.approx(flops / number(row[seconds]))
+                assert number(row[f"flop_ratio_{phase}"]) == pytest.approx(number(ref[f"flops_{phase}"]) / flops)
+            assert number(row["matmul_flops_per_s"]) > 0
             assert row["peak_mem_bytes"] == ""  # CUDA only
             if level == "core":
                 materialised = number(by_key[(n, "core", "softmax_materialised")]["saved_bytes"])
@@ -216,3 +222,23 @@ def test_bench_train_two_document_task(tmp_path):
     assert rows["softmax"]["status"] == "ok"
     if not torch.cuda.is_available():
         assert rows["flashcur"]["status"] == "skipped" and "CUDA" in rows["flashcur"]["reason"]
+
+
+def test_bench_profile_prints_forward_and_backward_operators(capsys):
+    """``python -m lra.bench profile``: the variant's forward and backward, each with its time, FLOPs and top
+    operators (the CUR forward's SDPA products and pseudo-inverse matmuls among them); one thread by default."""
+    torch.set_num_threads(2)
+    main(["profile", "--variant", "curformer", "--overrides", "num_landmarks=8", "--n", "32", "--batch", "1",
+          "--warmup", "0", "--repeats", "1", "--top", "40", "--device", "cpu", "--softmax"])
+    out = capsys.readouterr().out
+    assert torch.get_num_threads() == 1 and "1 thread" in out
+    phases = [line for line in out.splitlines() if line.startswith("core/")]
+    assert [line.split(" n=32 ")[0] + " " + line.split(" n=32 ")[1].split(":")[0] for line in phases] == [
+        "core/softmax forward", "core/softmax backward", "core/curformer[num_landmarks=8] forward",
+        "core/curformer[num_landmarks=8] backward"]
+    assert all("GFLOP/s" in line for line in phases)
+    forward, backward = out.split("core/curformer[num_landmarks=8] n=32 forward")[1].split("backward:")
+    assert "aten::bmm" in forward and "aten::_scaled_dot_product_flash_attention_for_cpu" in forward
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in backward
+    with pytest.raises(ValueError, match="not found"):
+        main(["profile", "--variant", "no_such_attention", "--device", "cpu"])

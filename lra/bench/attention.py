@@ -7,7 +7,10 @@ For each length n and each row of :func:`lra.bench.cases.build_cases` (every con
   ``out.sum()`` (+ auxiliary losses), each after ``--warmup`` untimed calls, modules in eval mode
   (no dropout: the attention computation itself, as in the CUR paper's Fig. 4);
 * ``speedup_fwd``, ``speedup_fwdbwd`` — softmax (SDPA) latency at the same n and level / the row's;
-* ``flops_fwd``, ``flops_fwdbwd`` — ``FlopCounterMode`` totals;
+* ``flops_fwd``, ``flops_fwdbwd`` — ``FlopCounterMode`` totals; ``flops_per_s_fwd``, ``flops_per_s_fwdbwd`` —
+  those FLOPs over the measured time (how far the row is from ``matmul_flops_per_s``, a 2048² product's
+  rate on the same device, dtype and threads, printed first); ``flop_ratio_fwd``, ``flop_ratio_fwdbwd`` —
+  softmax's FLOPs / the row's: the speed-up the FLOP count alone predicts, beside the measured one;
 * ``speedup_fwd_materialised``, ``speedup_fwdbwd_materialised`` — the same against
   ``softmax_materialised`` (core level only): torch's fused CPU/GPU SDPA never stores the n×n matrix,
   the materialised reference is the "standard attention" of the papers' complexity comparisons;
@@ -32,7 +35,8 @@ from lra.bench.cases import MATERIALISED, Case, build_cases
 COLUMNS = [
     "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "threads", "status", "reason",
     "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised", "speedup_fwdbwd_materialised",
-    "flops_fwd", "flops_fwdbwd",
+    "flops_fwd", "flops_fwdbwd", "flops_per_s_fwd", "flops_per_s_fwdbwd", "flop_ratio_fwd", "flop_ratio_fwdbwd",
+    "matmul_flops_per_s",
     "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
     *[column for column in common.MACHINE_COLUMNS if column != "threads"],
 ]
@@ -75,7 +79,7 @@ def measure(case: Case, n: int, args: argparse.Namespace, device: torch.device) 
 
     with common.SavedTensorBytes(exclude=params) as saved, common.autocast(device, args.dtype):
         objective(case, inputs)
-    return {
+    row = {
         "saved_bytes": saved.bytes,
         "fwd_s": common.median_seconds(forward, device, args.warmup, args.repeats),
         "fwdbwd_s": common.median_seconds(forward_backward, device, args.warmup, args.repeats),
@@ -83,6 +87,9 @@ def measure(case: Case, n: int, args: argparse.Namespace, device: torch.device) 
         "flops_fwdbwd": common.count_flops(forward_backward),
         "peak_mem_bytes": common.cuda_peak_bytes(forward_backward, device),
     }
+    row["flops_per_s_fwd"] = row["flops_fwd"] / row["fwd_s"]
+    row["flops_per_s_fwdbwd"] = row["flops_fwdbwd"] / row["fwdbwd_s"]
+    return row
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -94,7 +101,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     common.set_threads(args.threads)
     where = common.machine(device)
     print(f"[bench] {common.machine_line(where)}", flush=True)
-    setting = {"batch": args.batch, "head_dim": args.head_dim, "device": str(device), "dtype": args.dtype, **where}
+    matmul = common.matmul_flops_per_s(device, args.dtype)
+    print(f"[bench] a 2048² matmul reaches {matmul / 1e9:.1f} GFLOP/s here", flush=True)
+    setting = {"batch": args.batch, "head_dim": args.head_dim, "device": str(device), "dtype": args.dtype,
+               "matmul_flops_per_s": matmul, **where}
     rows = []
     for n in sorted(args.n):
         for case in cases:
@@ -109,6 +119,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     ok = [row for row in rows if row["status"] == "ok"]
     common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == common.BASELINE,
                       {"speedup_fwd": ("fwd_s", True), "speedup_fwdbwd": ("fwdbwd_s", True),
+                       "flop_ratio_fwd": ("flops_fwd", True), "flop_ratio_fwdbwd": ("flops_fwdbwd", True),
                        "mem_ratio": ("peak_mem_bytes", False)})
     common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == MATERIALISED,
                       {"saved_ratio": ("saved_bytes", False), "speedup_fwd_materialised": ("fwd_s", True),
@@ -118,10 +129,14 @@ def run(args: argparse.Namespace) -> list[dict]:
     print(common.format_table(rows, [
         ("n", "n", str), ("level", "level", str), ("variant", "variant", str),
         ("fwd_s", "fwd ms", common.ms), ("speedup_fwd", "fwd ↑", common.times),
+        ("flop_ratio_fwd", "FLOP ↑ fwd", common.times),
         ("fwdbwd_s", "fwd+bwd ms", common.ms), ("speedup_fwdbwd", "fwd+bwd ↑", common.times),
+        ("flop_ratio_fwdbwd", "FLOP ↑ fwd+bwd", common.times),
         ("speedup_fwd_materialised", "fwd ↑ mat.", common.times),
         ("speedup_fwdbwd_materialised", "fwd+bwd ↑ mat.", common.times),
-        ("flops_fwd", "GFLOP fwd", common.giga), ("saved_bytes", "saved MiB", common.mib),
+        ("flops_fwd", "GFLOP fwd", common.giga), ("flops_per_s_fwd", "GFLOP/s fwd", common.giga_rate),
+        ("flops_fwdbwd", "GFLOP fwd+bwd", common.giga), ("flops_per_s_fwdbwd", "GFLOP/s fwd+bwd", common.giga_rate),
+        ("saved_bytes", "saved MiB", common.mib),
         ("saved_ratio", "saved / materialised", lambda v: f"{v:.3f}×"),
         ("peak_mem_bytes", "peak MiB", common.mib), ("reason", "skipped because", lambda v: v[:90]),
     ]))

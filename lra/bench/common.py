@@ -289,3 +289,7 @@ def ms(value: float) -> str:
 
 def giga(value: float) -> str:
     return f"{value / 1e9:.3f}"
+
+
+def giga_rate(value: float) -> str:
+    return f"{value / 1e9:.1f}"
