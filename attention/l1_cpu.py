@@ -62,25 +62,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lra-attention"
 
 
-def build(compiler: str | None = None) -> Path:
-    """Compile ``l1_cpu.cpp`` (once per source, flags and compiler) and return the shared library's path."""
+def build(compiler: str | None = None, source: Path = SOURCE) -> Path:
+    """Compile ``source`` (``l1_cpu.cpp``; also ``seqconv_cpu.cpp`` of :mod:`attention.nystrom`) once per source,
+    flags and compiler, and return the shared library's path."""
     compiler = compiler or os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise RuntimeError(
-            f"L1 attention on CPU compiles its kernel ({SOURCE.name}) on first use, but the C++ compiler "
+            f"the CPU kernels compile on first use ({source.name}), but the C++ compiler "
             f"{compiler!r} was not found on PATH: install one (e.g. 'apt-get install g++') or set CXX to its path"
         )
     simd_flags, width = simd()
     flags = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", *simd_flags, f"-DLRA_VECTOR_BYTES={width}"]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
-    path = cache_dir() / f"l1_cpu-{key}.so"
+    key = hashlib.sha256(source.read_bytes() + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+    path = cache_dir() / f"{source.stem}-{key}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.so")
-        command = [compiler, *flags, str(SOURCE), "-o", str(partial)]
+        command = [compiler, *flags, str(source), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"compiling the L1 CPU kernel failed: {' '.join(command)}\n{result.stderr[-3000:]}")
+            raise RuntimeError(f"compiling {source.name} failed: {' '.join(command)}\n{result.stderr[-3000:]}")
         os.replace(partial, path)  # atomic: concurrent first uses never load a half-written library
     return path
 

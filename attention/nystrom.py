@@ -17,9 +17,10 @@ on ``A``, which takes about 20 iterations, not the default 6. Measured (float64,
 23 real tokens, d = 8, m = 40 or 64, q, k, v ~ N(0, 1), 10 seeds; max |Y − A V| over real rows):
 3.1–3.7e-2 at 6 iterations, 1.7–3.0e-3 at 10, ≤ 1.2e-4 at 15, ≤ 2.4e-6 at 20 (1e-14 for most
 seeds); with q, k halved, 1.6–2.5e-2 at 6. The conv (``conv_kernel_size``, 35 in the LRA code;
-null disables it) sees V with pad rows zeroed; :class:`SequenceConv` computes it as banded matrix
-products over blocks of the sequence (the sums of ``F.conv1d`` with ``groups = heads``), the pad mask and
-the sum with the attention term folded into the copies those products make. ``k3 V`` and ``k1 (pinv(k2) k3 V)``
+null disables it) sees V with pad rows zeroed; :class:`SequenceConv` computes it (the sums of ``F.conv1d``
+with ``groups = heads``) on CPU with the kernels of :mod:`attention.seqconv_cpu`, elsewhere and under
+``torch.compile`` as banded matrix products over blocks of the sequence, the pad mask and the sum with the
+attention term folded into the copies those products make. ``k3 V`` and ``k1 (pinv(k2) k3 V)``
 go through :meth:`attention.scores.SoftmaxScore.attend` (one fused SDPA call each on CPU: the ``n × m``
 weights are never stored). Landmarks
 and ``pinv`` run in float32 with autocast disabled (float64 stays float64); ``pinv_init`` picks the
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention import seqconv_cpu
 from attention.cur import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
 from attention.precision import autocast_off
@@ -135,10 +137,11 @@ class SequenceConv(nn.Module):
     """Depthwise conv along the sequence, one kernel per head shared by the head's ``d`` channels.
 
     ``y[b, h, i] = Σ_t w[h, t] · x[b, h, i + t − K//2]`` with zero padding (odd ``K``: same length), i.e.
-    ``F.conv1d`` over ``(B·d, H, n)`` with ``groups = H`` and ``weight`` ``(H, 1, K)``. Computed as products
-    with a banded (Toeplitz) ``(block × (block + K − 1))`` matrix per head over overlapping windows of
-    ``block`` output rows: measured on CPU (n = 4096, B = 8, H = 2, d = 32, K = 35, 1 thread) ~10× faster
-    than ``nn.Conv2d`` with a ``(K, 1)`` kernel and ~4× faster than ``F.conv1d``. Checkpoints from that
+    ``F.conv1d`` over ``(B·d, H, n)`` with ``groups = H`` and ``weight`` ``(H, 1, K)``. On CPU (eager, float32/64)
+    the kernels of :mod:`attention.seqconv_cpu` (2–3× faster than the products below, forward and backward);
+    elsewhere products with a banded (Toeplitz) ``(block × (block + K − 1))`` matrix per head over overlapping
+    windows of ``block`` output rows: measured on CPU (n = 4096, B = 8, H = 2, d = 32, K = 35, 1 thread) ~10×
+    faster than ``nn.Conv2d`` with a ``(K, 1)`` kernel and ~4× faster than ``F.conv1d``. Checkpoints from that
     ``Conv2d`` layout (weight ``(H, 1, K, 1)``) load.
     """
 
@@ -161,6 +164,9 @@ class SequenceConv(nn.Module):
         """``base + conv(x ⊙ key_mask)`` ``(B, H, n, d)`` for ``x`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` or
         None (all real), ``base`` ``(B, H, n, d)`` or None (0): the mask and the sum are folded into the copies
         the banded products make anyway."""
+        if seqconv_cpu.uses_kernel(x) and (base is None or base.stride(-1) == 1):  # CPU: the mask is read for free
+            mask = None if key_mask is None or bool(key_mask.all()) else key_mask.to(x.dtype).contiguous()
+            return seqconv_cpu.ConvFunction.apply(x, self.weight[:, 0, :].to(x.dtype), mask, base)
         mask = None if key_mask is None else key_mask[:, None, :, None].to(x.dtype)
         return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
 

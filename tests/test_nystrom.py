@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention import seqconv_cpu
 from attention.nystrom import NystromAttention, SequenceConv, segment_means
 from lra.module import build_attention
 from tests.attention_reference import (
@@ -17,6 +18,7 @@ from tests.attention_reference import (
     random_qkv,
 )
 from tests.conftest import compose_config
+from tests.tolerances import tolerance
 
 
 def test_segment_means_are_mask_aware_with_mixed_sizes():
@@ -68,10 +70,13 @@ def test_any_length_and_conv_adds_a_depthwise_term(n):
     assert torch.allclose(with_conv(q, k, v, mask) - without(q, k, v, mask), expected_conv, atol=1e-10)
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["cpu_kernel", "banded"])
 @pytest.mark.parametrize("n, size", [(1, 5), (31, 3), (32, 35), (100, 35), (257, 65)])
-def test_sequence_conv_equals_the_former_conv2d_values_and_gradients(n, size):
+def test_sequence_conv_equals_the_former_conv2d_values_and_gradients(n, size, kernel, monkeypatch):
     """Against ``F.conv2d`` with the former ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``, kernel ``(K, 1)``) and
-    ``F.conv1d`` with ``groups = H`` over ``(B·d, H, n)``: lengths below, at and across the 32-row blocks."""
+    ``F.conv1d`` with ``groups = H`` over ``(B·d, H, n)``: lengths below, at and across the 32-row blocks, for the
+    CPU kernel of ``attention/seqconv_cpu.cpp`` and for the banded products (other devices, compiled code)."""
+    monkeypatch.setattr(seqconv_cpu, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(n)
     conv = SequenceConv(3, size).double()
     x = torch.randn(2, 3, n, 4, generator=generator, dtype=torch.float64, requires_grad=True)
@@ -178,3 +183,31 @@ def test_matches_dense_nystrom_with_either_pinv_init(pinv_init):
     torch.testing.assert_close(got, dense_nystrom(q, k, v, 6, 6, pinv_init), atol=1e-10, rtol=0)
     other = dense_nystrom(q, k, v, 6, 6, "global" if pinv_init == "per_head" else "per_head")
     assert (got - other).abs().max() > 1e-3  # the option changes the numbers at 6 iterations
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n", [3, 37, 64, 101])
+def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n, monkeypatch):
+    """``base + conv(x ⊙ mask)`` with x and base in the model's (B, n, H, d) memory and d = 20 (whole vectors and a
+    scalar tail): the CPU kernel against the banded products, values and the gradients of x, the kernel and base
+    (float32: a 35-term sum and its rounding, relative to the size of the terms)."""
+    generator = torch.Generator().manual_seed(n)
+    conv = SequenceConv(2, 35).to(dtype)
+    x = torch.randn(2, n, 2, 20, generator=generator, dtype=dtype).transpose(1, 2).requires_grad_()
+    base = torch.randn(2, n, 2, 20, generator=generator, dtype=dtype).transpose(1, 2).requires_grad_()
+    mask = torch.rand(2, n, generator=generator) > 0.3
+    upstream = torch.randn(2, 2, n, 20, generator=generator, dtype=dtype)
+    results = []
+    for kernel in (True, False):
+        monkeypatch.setattr(seqconv_cpu, "CPU_KERNEL", kernel)
+        y = conv(x, mask, base)
+        results.append((y, *torch.autograd.grad(y, (x, conv.weight, base), upstream)))
+    big = lambda t: float(t.detach().abs().max())  # noqa: E731
+    terms = {  # sums: y and ∂x over the K taps, ∂w over every (b, i, c); the size of their terms
+        "y": (35, 35 * big(x) * big(conv.weight) + big(base)), "x": (35, 35 * big(upstream) * big(conv.weight)),
+        "weight": (2 * n * 20, 2 * n * 20 * big(upstream) * big(x)), "base": (1, big(upstream))}
+    for name, got, expected in zip(terms, *results):
+        length, scale = terms[name]
+        torch.testing.assert_close(got, expected, **tolerance(dtype, length, scale=scale), msg=name)
+    masked_only = conv(x * ~mask[:, None, :, None], mask, None)  # only pad rows of x: the conv sees zeros
+    assert (masked_only == 0).all()
