@@ -122,7 +122,8 @@ class SoftmaxScore(nn.Module):
         On CPU one fused call of ``scaled_dot_product_attention`` (its flash kernel: blocks of the ``a × b``
         logits stay in cache, the weights are never stored, backward recomputes them), whose boolean mask
         gives masked keys exactly 0 and a row without any real key all 0, as :func:`masked_softmax` does.
-        Other devices multiply the weights of :meth:`forward` (SDPA's CUDA backends differ on empty rows).
+        Other devices multiply the weights of :meth:`forward`, as before (SDPA's GPU backends were not checked
+        here on rows without a real key).
         """
         if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):
             mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
