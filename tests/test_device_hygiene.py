@@ -121,9 +121,11 @@ def test_variant_trains_on_meta_without_host_sync(attention, monkeypatch):
         ["attention=liza", "attention/linear=delta", "attention.base_window=16", "attention.learned_gate=true"],
         ["attention=curformer", "model/positions=rotary"],
         ["attention=softmax", "model/positions=sinusoidal"],
+        ["attention=proxyformer", "attention.dropout_mode=k1"],
+        ["attention=proxyformer", "attention.dropout_mode=k2", "model/positions=rotary"],
     ],
     ids=["curformer-step", "nystromformer-global-short", "megacur-chunked-laplace", "mega-chunked", "liza-delta-window",
-         "curformer-rotary", "softmax-sinusoidal"],
+         "curformer-rotary", "softmax-sinusoidal", "proxyformer-k1", "proxyformer-k2-rotary"],
 )
 def test_other_settings_train_on_meta_without_host_sync(overrides):
     _, mode = train_step_on_meta(overrides)
