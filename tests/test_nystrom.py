@@ -211,3 +211,21 @@ def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n,
         torch.testing.assert_close(got, expected, **tolerance(dtype, length, scale=scale), msg=name)
     masked_only = conv(x * ~mask[:, None, :, None], mask, None)  # only pad rows of x: the conv sees zeros
     assert (masked_only == 0).all()
+
+
+def test_without_a_compiler_the_conv_warns_and_runs_the_banded_products(monkeypatch):
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("the CPU kernels compile on first use (seqconv_cpu.cpp), but the C++ compiler 'c++' "
+                           "was not found on PATH")
+
+    monkeypatch.setattr(seqconv_cpu.l1_cpu, "build", no_compiler)
+    seqconv_cpu.library.cache_clear()
+    try:
+        conv = SequenceConv(2, 5).double()
+        x = torch.randn(1, 2, 9, 4, dtype=torch.float64)
+        with pytest.warns(UserWarning, match="banded matrix products: .*compiler 'c\\+\\+' was not found"):
+            assert not seqconv_cpu.uses_kernel(x)
+        expected = F.conv1d(x.permute(0, 3, 1, 2).reshape(4, 2, 9), conv.weight, padding=2, groups=2)
+        torch.testing.assert_close(conv(x), expected.view(1, 4, 2, 9).permute(0, 2, 3, 1), atol=1e-12, rtol=0)
+    finally:
+        seqconv_cpu.library.cache_clear()
