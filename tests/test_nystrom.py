@@ -33,6 +33,23 @@ def test_segment_means_are_mask_aware_with_mixed_sizes():
     assert valid[1].tolist() == [True, True, False]  # ranks 0, 1 -> segments 0, 1
 
 
+def test_segment_means_of_either_memory_layout_are_the_same():
+    """Rows of d values for contiguous (B, H, n, d) input, rows of H·d for the model's (B, n, H, d) memory (what
+    ``MultiHeadAttention`` passes): the same sums in the same order, and their gradients."""
+    x = torch.randn(2, 3, 37, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    mask = padded_mask(2, 37, [37, 20])
+    model_layout = x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert x.is_contiguous() and model_layout.transpose(1, 2).is_contiguous()
+    results = []
+    for source in (x, model_layout):
+        leaf = source.detach().requires_grad_()
+        means, valid = segment_means(leaf, mask, 6)
+        (grad,) = torch.autograd.grad((means * torch.arange(4.0, dtype=torch.float64)).sum(), leaf)
+        results.append((means, valid, grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("lengths", [[40, 40], [40, 23]])
 def test_equals_exact_attention_when_every_real_token_is_a_landmark(lengths):
     q, k, v = random_qkv(n=40, d=8)
