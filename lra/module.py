@@ -62,7 +62,7 @@ class LRAModule(L.LightningModule):
         each mode with dynamic shapes at the first batch of another length (PyTorch's default; compiling
         dynamic from the start miscompiles Proxyformer in torch 2.13)."""
         if self.compile_network and not self.compiled:
-            compile_in_place(self.model, self._trainer.strategy.root_device if self._trainer else self.device)
+            compile_in_place(self.model, self.device if self._trainer is None else self._trainer.strategy.root_device)
             self.compiled = True
             print("[lra] model.compile=true: torch.compile compiles the network at its first training and evaluation "
                   "batches and again, with dynamic shapes, at the first batch of another length (minutes on a CPU)",
