@@ -10,7 +10,6 @@ is tried (:func:`resume_checkpoint`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
