@@ -8,6 +8,7 @@ in the same run dir, and compares test_acc and the final weights with an uninter
 from __future__ import annotations
 
 import json
+import re
 import signal
 
 import pytest
@@ -90,6 +91,9 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_run(tiny_listops_overri
     resumed = train(tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "not resumable" not in resumed.stderr
+    # The progress bar of the restarted epoch names it and starts at its 4th batch (lra.callbacks.ResumingProgressBar)
+    assert "Epoch 0:  75%|" in resumed.stdout and "3/4 [" in resumed.stdout
+    assert re.search(r"-[0-9.]+it/s", resumed.stdout) is None  # no negative rate where epoch 1 resets the bar
 
     results = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in ("whole", "resumed")}
     assert results["resumed"]["resumed_from_step"] == 3 and results["resumed"]["steps"] == results["whole"]["steps"] == 10
