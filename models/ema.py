@@ -17,9 +17,9 @@ with ``l = 0 .. L−1`` the lag. The bidirectional EMA has one kernel per direct
 only lags ``l < min(K, L)`` (the reference's ``--truncation-length``, 1024 in its LRA architectures
 ``fairseq/models/lra/model.py``); ``None`` keeps all ``L`` lags.
 
-computed in O(L log L) by one FFT of length 2L: the forward part is a product of spectra and the
-backward part a correlation (product with the conjugate spectrum); length 2L makes both linear,
-not circular. The block output is ``silu(y + ω ⊙ x)``.
+computed in O(L log L) by real FFTs of length 2L over time (:class:`BidirectionalConvolution`, with its
+own backward): the forward part is a product of spectra and the backward part a correlation (product with
+the conjugate spectrum); length 2L makes both linear, not circular. The block output is ``silu(y + ω ⊙ x)``.
 
 Decisions: pad positions (``key_mask`` False) are zeroed before the convolution so the EMA of a
 real token never sees padding in either direction; the FFT runs in at least float32 (also under
@@ -73,14 +73,46 @@ class BidirectionalEMA(nn.Module):
         length = x.shape[1]
         dtype = torch.promote_types(x.dtype, torch.float32)
         with autocast_off(x.device.type):
-            signal = (x.to(dtype) * key_mask.unsqueeze(-1).to(dtype)).transpose(1, 2)  # (B, D, L), pads zeroed
+            signal = x.to(dtype) * key_mask.unsqueeze(-1).to(dtype)  # (B, L, D), pads zeroed
             lags = length if self.truncation is None else min(self.truncation, length)
             k_fwd, k_bwd = self.kernel(lags, dtype)  # (D, lags) each
             if self.shift:
                 k_bwd = F.pad(k_bwd[:, 1:], (1, 0))  # no lag 0 looking ahead
-            size = 2 * length
-            spectrum = torch.fft.rfft(signal, n=size)
-            response = torch.fft.rfft(k_fwd, n=size) + torch.fft.rfft(k_bwd, n=size).conj()
-            y = torch.fft.irfft(spectrum * response, n=size)[..., :length].transpose(1, 2)  # (B, L, D)
-            out = F.silu(y + self.omega.to(dtype) * signal.transpose(1, 2))
+            y = BidirectionalConvolution.apply(signal, k_fwd, k_bwd)  # (B, L, D)
+            out = F.silu(torch.addcmul(y, self.omega.to(dtype), signal))
         return out.to(x.dtype)
+
+
+class BidirectionalConvolution(torch.autograd.Function):
+    """``y[t] = Σ_{j ≤ t} k_fwd[t − j] x[j] + Σ_{j ≥ t} k_bwd[j − t] x[j]`` for ``x (B, L, D)``, ``k_fwd, k_bwd
+    (D, K)`` (``K ≤ L`` lags) -> ``y (B, L, D)``, through real FFTs of length ``N = 2L`` (linear, not circular).
+
+    With ``X = rfft(x)``, ``R = rfft(k_fwd) + conj(rfft(k_bwd))``, ``G = rfft(∂y)`` (all over time, length N):
+    ``y = irfft(X R)``, ``∂x = irfft(G conj(R))``, ``∂k_fwd[l] = Σ_{b,t} ∂y[t] x[t − l] = irfft(Σ_b G conj(X))[l]``,
+    ``∂k_bwd[l] = Σ_{b,t} ∂y[t] x[t + l] = irfft(Σ_b X conj(G))[l]`` (the wrap-around of length N reads only
+    zero padding for lags < L). Autograd through ``rfft`` would instead run a full-length complex FFT of the
+    padded gradient (``fft_r2c_backward``), the largest single cost of a MEGA training step on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, k_fwd: torch.Tensor, k_bwd: torch.Tensor) -> torch.Tensor:
+        length, lags = x.shape[1], k_fwd.shape[-1]
+        size = 2 * length
+        spectrum = torch.fft.rfft(x.transpose(1, 2), n=size)  # (B, D, N/2 + 1); FFTs over the last dim are fastest
+        response = torch.fft.rfft(k_fwd, n=size) + torch.fft.rfft(k_bwd, n=size).conj()  # (D, N/2 + 1)
+        ctx.save_for_backward(spectrum, response)
+        ctx.length, ctx.lags = length, lags
+        return torch.fft.irfft(spectrum * response, n=size)[..., :length].transpose(1, 2).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        spectrum, response = ctx.saved_tensors
+        length, lags, size = ctx.length, ctx.lags, 2 * ctx.length
+        grad_spectrum = torch.fft.rfft(grad.transpose(1, 2), n=size)  # (B, D, N/2 + 1)
+        grad_x = torch.fft.irfft(grad_spectrum * response.conj(), n=size)[..., :length].transpose(1, 2)
+        grad_k_fwd = grad_k_bwd = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            cross = (grad_spectrum * spectrum.conj()).sum(0)  # (D, N/2 + 1): Σ_b G conj(X)
+            grad_k_fwd = torch.fft.irfft(cross, n=size)[:, :lags]
+            grad_k_bwd = torch.fft.irfft(cross.conj(), n=size)[:, :lags]
+        return grad_x, grad_k_fwd, grad_k_bwd

@@ -67,6 +67,39 @@ def test_each_direction_alone(ema, direction):
     assert untouched.max() < 1e-10 and touched.min() > 1e-6  # FFT round-off only where the EMA cannot reach
 
 
+@pytest.mark.parametrize("truncation, shift", [(None, False), (6, True)])
+def test_gradients_equal_the_recurrences(ema, truncation, shift):
+    """The FFT convolution's own backward (models.ema.BidirectionalConvolution) gives the gradients that autograd
+    takes through the direct sum, for the input and every EMA parameter, with padding."""
+    ema.truncation, ema.shift = truncation, shift
+    torch.manual_seed(4)
+    x = torch.randn(3, 13, 5, dtype=torch.float64, requires_grad=True)
+    key_mask = torch.ones(3, 13, dtype=torch.bool)
+    key_mask[1, 9:] = False
+    weights = torch.randn(3, 13, 5, dtype=torch.float64)
+    params = [x, *ema.parameters()]
+    got = torch.autograd.grad((ema(x, key_mask) * weights).sum(), params)
+    expected = torch.autograd.grad((direct_sum(ema, x, key_mask) * weights).sum(), params)
+    for name, a, b in zip(["x", *(n for n, _ in ema.named_parameters())], got, expected):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8, msg=name)
+
+
+def direct_sum(ema: BidirectionalEMA, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """``silu(y + ω x)`` with ``y`` the two directions' sums over ``ema.kernel`` written out (shift, truncation)."""
+    x = x * key_mask.unsqueeze(-1)
+    length = x.shape[1]
+    lags = length if ema.truncation is None else min(ema.truncation, length)
+    k_fwd, k_bwd = ema.kernel(lags, x.dtype)
+    y = torch.zeros_like(x)
+    for t in range(length):
+        for lag in range(lags):
+            if t - lag >= 0:
+                y[:, t] = y[:, t] + k_fwd[:, lag] * x[:, t - lag]
+            if t + lag < length and (lag > 0 or not ema.shift):
+                y[:, t] = y[:, t] + k_bwd[:, lag] * x[:, t + lag]
+    return F.silu(y + ema.omega * x)
+
+
 def test_kernel_is_explicit_sum(ema):
     length = 9
     expected = torch.zeros(2, 5, length, dtype=torch.float64)
