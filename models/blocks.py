@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from models.dropout import Dropout
+
 
 class MultiHeadAttention(nn.Module):
     """Projections ``q_proj, k_proj, v_proj, out_proj`` around a drop-in variant ``attend``.
@@ -54,9 +56,9 @@ class TransformerBlock(nn.Module):
         self.attn = self.attention_class(d_model, num_heads, attention)
         self.norm2 = nn.LayerNorm(d_model)
         self.ffn = nn.Sequential(
-            nn.Linear(d_model, ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model)
+            nn.Linear(d_model, ffn_dim), nn.GELU(), Dropout(dropout), nn.Linear(ffn_dim, d_model)
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict[str, torch.Tensor]) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.norm1(x), key_mask))

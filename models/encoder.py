@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from models.dropout import Dropout
 from models.pooling import masked_mean
 from models.positions import LearnedPositions
 
@@ -56,7 +57,7 @@ class Encoder(nn.Module):
                 if isinstance(embedding, nn.Embedding):
                     nn.init.normal_(embedding.weight, std=embedding_init_std)
         attention = self.position_embedding.wrap(attention)
-        self.embedding_dropout = nn.Dropout(dropout)
+        self.embedding_dropout = Dropout(dropout)
         self.blocks = nn.ModuleList(
             block(d_model=d_model, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout, attention=attention)
             for _ in range(num_layers)

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention.mega import Laplace, Softmax
+from models.dropout import Dropout
 from models.ema import BidirectionalEMA
 
 NORMS = ("layer", "scale", "batch")
@@ -151,9 +152,9 @@ class MegaBlock(nn.Module):
                 f"model.block.attention_function={attention_function!r} needs a MEGA attention with a `function` "
                 f"(attention=mega or attention=megacur): {error}") from error
         self.ffn_norm = sequence_norm(d_model, norm)
-        self.ffn = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.SiLU(), nn.Dropout(hidden_dropout), nn.Linear(ffn_dim, d_model))
-        self.dropout = nn.Dropout(dropout)
-        self.hidden_dropout = nn.Dropout(hidden_dropout)
+        self.ffn = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.SiLU(), Dropout(hidden_dropout), nn.Linear(ffn_dim, d_model))
+        self.dropout = Dropout(dropout)
+        self.hidden_dropout = Dropout(hidden_dropout)
         for linear in (self.v_proj, self.mx_proj, self.h_proj, self.ffn[0], self.ffn[3]):
             nn.init.normal_(linear.weight, std=0.02)
             nn.init.zeros_(linear.bias)
