@@ -103,9 +103,6 @@ dropout.register_autograd(_backward, setup_context=_setup_context)
 class Dropout(nn.Dropout):
     """``nn.Dropout(p)`` with the fused, hash-masked CPU kernel in training (module docstring)."""
 
-    def __init__(self, p: float = 0.5):
-        super().__init__(p)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
