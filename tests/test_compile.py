@@ -146,6 +146,7 @@ def test_runs_recorded_before_model_compile_still_resume_and_still_count_as_done
     assert config_differences(recorded, compiled) == ["model.compile: False -> True"]
 
 
+@pytest.mark.slow  # ~45 s on 2 cores (two trainings, one compiled): the default suite had reached its 15-min budget
 def test_train_with_compile_and_its_checkpoint_without(tiny_listops_overrides, tmp_path):
     """``lra.train ... model.compile=true`` trains, evaluates and tests through Inductor (its cache fills with
     compiled kernels); the checkpoint has the eager keys and loads into a module compiled or not."""
