@@ -48,6 +48,17 @@ class ProxyMultiHeadAttention(MultiHeadAttention):
         y = self.attend(q, k, v, key_mask[:, m:], landmarks)  # (B, H, m + n, head_dim)
         return self.out_proj(y.transpose(1, 2).flatten(2))
 
+    def attention_matrix(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """``x = [P; X]``, ``key_mask`` ``(B, m + n)`` -> the effective attention ``K₁ K₂`` ``(B, H, n, n)`` of the
+        input rows over the input tokens (``attend`` with ``V = I``); the proxy rows are left out."""
+        m = self.attend.num_proxies
+        proxies, tokens = x.split([m, x.shape[1] - m], dim=1)
+        n = tokens.shape[1]
+        landmarks = self.split_heads(self.landmark_proj(proxies))
+        q, k = (self.split_heads(proj(tokens)) for proj in (self.q_proj, self.k_proj))
+        identity = torch.eye(n, dtype=q.dtype, device=q.device).expand(x.shape[0], self.num_heads, n, n).contiguous()
+        return self.attend(q, k, identity, key_mask[:, m:], landmarks)[:, :, m:]
+
 
 class ProxyBlock(TransformerBlock):
     """Pre-LN block over ``[P; X]``: ``x + Attn(LN(x))`` then ``x + FFN(LN(x))`` on all m + n rows."""

@@ -62,6 +62,32 @@ def test_uniform_attention_reads_one(batch):
     assert ratios == pytest.approx([1.0] * len(model.blocks), rel=1e-5)
 
 
+def test_proxyformer_layer0_weight_on_root_matches_dense_k1_k2(batch):
+    """Proxyformer's layers see ``[P; X]``: the probe reports column 0 of ``K₁ K₂`` built by hand (Alg. 3)."""
+    input_ids, key_mask = batch
+    torch.manual_seed(3)
+    model = build_model(compose_config(["task=listops", "model.dropout=0", "attention=proxyformer",
+                                        "attention.num_proxies=16"])).eval()
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(20)
+        x = model.embed(input_ids)
+        proxies = attn.attend.inject(model.proxies.expand(len(x), -1, -1), x, key_mask)
+        hidden = model.blocks[0].norm1(torch.cat([proxies, x], dim=1))
+        landmarks = attn.split_heads(attn.landmark_proj(hidden[:, :16]))
+        q, k = (attn.split_heads(proj(hidden[:, 16:])) for proj in (attn.q_proj, attn.k_proj))
+        scale = math.sqrt(attn.head_dim)
+        k1 = torch.softmax(q @ landmarks.transpose(-1, -2) / scale, -1)  # (B, H, n, m)
+        k2 = torch.softmax((landmarks @ k.transpose(-1, -2) / scale).masked_fill(~key_mask[:, None, None], -math.inf), -1)
+        on_root = (k1 @ k2)[..., 0]  # (B, H, n)
+        n_real = key_mask.sum(1)
+        expected = torch.stack([on_root[b, :, : n_real[b]].mean(-1) * n_real[b] for b in range(len(x))]).mean().item()
+        ratios = probe.root_weights(model, input_ids, key_mask)
+    assert len(ratios) == len(model.blocks)
+    assert abs(expected - 1) > 0.05
+    assert ratios[0] == pytest.approx(expected, rel=1e-4)
+
+
 def test_cue_agreement_counts_by_hand():
     """``compare`` and ``labels_per_operator`` on labels whose answers are worked out by hand."""
     from lra.analysis.diagnostics.cue_agreement import compare, labels_per_operator

@@ -9,7 +9,7 @@ tokens. For each variant (a string of Hydra overrides) the script builds the mod
 weights if given (softmax and CUR have no parameters of their own, so one checkpoint loads under
 either; variants with parameters such as Proxyformer need a checkpoint of their own), runs the
 first ``--batch`` validation sequences and materialises each layer's *effective* attention matrix (the
-attention applied to ``V = I``, so CUR's ``C U⁺ R`` as well as exact softmax). It prints the mean weight a
+attention applied to ``V = I``: CUR's ``C U⁺ R``, Proxyformer's ``K₁ K₂``, exact softmax). It prints the mean weight a
 real query puts on key 0, times the sequence's real length: 1 means uniform attention, ``n`` means every
 query looks only at the root operator. Deterministic for a given checkpoint and batch.
 """
@@ -27,6 +27,7 @@ from lra.checkpoints import load_transferred_weights
 from lra.module import build_model
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
 from lra.tasks.listops import read_tsv
+from models.blocks import MultiHeadAttention
 
 DEFAULT_VARIANTS = ["attention=softmax", "attention=curformer", "attention=curformer attention.force_cls=true",
                     "attention=curformer attention.selection=step"]
@@ -41,21 +42,28 @@ def padded_batch(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor
 
 @torch.no_grad()
 def root_weights(model, input_ids: torch.Tensor, key_mask: torch.Tensor) -> list[float]:
-    """Per layer: mean over sequences and heads of (mean weight of a real query on key 0) × n_real."""
-    n = input_ids.shape[1]
+    """Per attention layer: mean over sequences and heads of (mean weight of a real query on key 0) × n_real.
+
+    Runs the model once and captures what each :class:`models.blocks.MultiHeadAttention` (or subclass, such as
+    Proxyformer's, whose layers also see the proxy rows) receives, then asks it for its ``attention_matrix``."""
+    layer_inputs = []
+    layers = [module for module in model.modules() if isinstance(module, MultiHeadAttention)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no models.blocks.MultiHeadAttention layer to probe "
+                         "(MEGA's gated attention is not one)")
+    hooks = [layer.register_forward_hook(lambda layer, args, _: layer_inputs.append((layer, args[:2]))) for layer in layers]
+    try:
+        model.token_states(input_ids, key_mask, {})
+    finally:
+        for hook in hooks:
+            hook.remove()
     n_real = key_mask.sum(1, keepdim=True).float()  # (B, 1)
-    x = model.embed(input_ids)
+    real = key_mask[:, None, :]  # (B, 1, n)
     ratios = []
-    for block in model.blocks:
-        attn = block.attn
-        hidden = block.norm1(x)
-        q, k = (attn.split_heads(proj(hidden)) for proj in (attn.q_proj, attn.k_proj))
-        identity = torch.eye(n).expand(input_ids.shape[0], attn.num_heads, n, n).contiguous()
-        on_root = attn.attend(q, k, identity, key_mask)[..., 0]  # (B, H, n): weight of each query on key 0
-        real = key_mask[:, None, :]
+    for layer, (x, layer_mask) in layer_inputs:
+        on_root = layer.attention_matrix(x, layer_mask)[..., 0]  # (B, H, n): weight of each query on key 0
         mean_on_root = (on_root * real).sum(-1) / real.sum(-1)  # (B, H)
         ratios.append((mean_on_root * n_real).mean().item())
-        x = block(x, key_mask, {})
     return ratios
 
 
