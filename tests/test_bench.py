@@ -242,3 +242,10 @@ def test_bench_profile_prints_forward_and_backward_operators(capsys):
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in backward
     with pytest.raises(ValueError, match="not found"):
         main(["profile", "--variant", "no_such_attention", "--device", "cpu"])
+
+
+def test_default_output_folder_is_a_fresh_folder_under_outputs_bench():
+    """Without ``--out`` the benchmarks write to ``outputs/bench/<timestamp>/`` in the checkout, a new one per call."""
+    first, second = common.default_out_dir(), common.default_out_dir()
+    assert first.parent == second.parent == REPO_ROOT / "outputs" / "bench"
+    assert first != second

@@ -207,7 +207,7 @@ def test_listops_table_has_independent_test_shortcut_and_paired_test(tmp_path, c
         record["independent_test_acc"] = sum(p == y for p, y in zip(predicted, labels)) / len(labels)
         (run_dir / "results.json").write_text(json.dumps(record))
         (run_dir / "predictions.json").write_text(json.dumps({"independent_test": {"pred": predicted, "label": labels}}))
-    out, curves = tmp_path / "table.md", tmp_path / "curves.png"
+    out = tmp_path / "table.md"
     assert report.main([str(tmp_path / "runs"), "--out", str(out), "--baseline", "curformer attention.selection=abs"]) == 0
     lines = out.read_text().splitlines()
     assert lines[0] == "### listops"

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from torch.utils.flop_counter import (
     FlopCounterMode,
     sdpa_backward_flop_count,
     sdpa_flop_count,
 )
 
+from lra import REPO_ROOT
 from lra.config import CONFIG_DIR
 
 ATTENTION_DIR = CONFIG_DIR / "attention"
