@@ -63,7 +63,7 @@ def cache_dir() -> Path:
 
 
 def build(compiler: str | None = None, source: Path = SOURCE) -> Path:
-    """Compile ``source`` (``l1_cpu.cpp``; also ``seqconv_cpu.cpp`` of :mod:`attention.nystrom`) once per source,
+    """Compile ``source`` (``l1_cpu.cpp``; also ``seqconv_cpu.cpp`` and ``landmarks_cpu.cpp``) once per source,
     flags and compiler, and return the shared library's path."""
     compiler = compiler or os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention import landmarks_cpu
+
 DROPOUT_MODES = ("none", "k1", "k2", "decomposed")
 
 
@@ -101,7 +103,8 @@ class ProxyAttention(nn.Module):
 
     Both products are fused softmax-attention calls (``F.scaled_dot_product_attention``, on CPU PyTorch's
     flash kernel): ``Y_p = SDPA(L, K, V, pad mask)``, ``Y_x = SDPA(Q, L, Y_p)``, so neither K₁ nor K₂ is
-    stored, and the backward recomputes them block by block. Decomposed dropout rides on ``V``
+    stored, and the backward recomputes them block by block; on CPU ``Y_x``'s forward (m ≤ 128 keys) is
+    :mod:`attention.landmarks_cpu`'s kernel. Decomposed dropout rides on ``V``
     (``DecomposedDropout.drop_keys``); only element dropout (``k1`` / ``k2`` while training) forms its matrix.
     """
 
@@ -155,10 +158,9 @@ class ProxyAttention(nn.Module):
         """``softmax(query keyᵀ/√d + mask) value`` with ``query`` ``(B, H, r, d)``, ``key, value`` ``(B, H, c, d)``,
         bool ``mask`` broadcasting to ``(B, H, r, c)`` (True = attend) or None -> ``(B, H, r, d)``. Fused unless
         element dropout on ``matrix`` (``"k1"`` for K₁, ``"k2"`` for K₂) is active, which needs the weights."""
-        scale = 1.0 / math.sqrt(self.head_dim)
-        if not self.dropout.drops(matrix):
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
-        scores = (query * scale) @ key.transpose(-1, -2)  # (B, H, r, c), a fresh tensor: masked in place
+        if not self.dropout.drops(matrix):  # K₁'s m keys: on CPU the few-keys kernel's forward
+            return landmarks_cpu.attend(query, key, value, mask)
+        scores = (query / math.sqrt(self.head_dim)) @ key.transpose(-1, -2)  # (B, H, r, c), fresh: masked in place
         if mask is not None:
             scores.masked_fill_(~mask, float("-inf"))
         return self.dropout.elements(torch.softmax(scores, dim=-1)) @ value

@@ -21,10 +21,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from attention import l1_cpu
+from attention import landmarks_cpu, l1_cpu
 from attention.precision import autocast_off
 
 
@@ -121,13 +120,14 @@ class SoftmaxScore(nn.Module):
 
         On CPU one fused call of ``scaled_dot_product_attention`` (its flash kernel: blocks of the ``a × b``
         logits stay in cache, the weights are never stored, backward recomputes them), whose boolean mask
-        gives masked keys exactly 0 and a row without any real key all 0, as :func:`masked_softmax` does.
-        Other devices multiply the weights of :meth:`forward`, as before (SDPA's GPU backends were not checked
-        here on rows without a real key).
+        gives masked keys exactly 0 and a row without any real key all 0, as :func:`masked_softmax` does;
+        with few keys (``b`` ≤ 128: CUR's and Nyström's ``C W``) its forward is :mod:`attention.landmarks_cpu`'s
+        kernel, which does the same with the row's logits in registers. Other devices multiply the weights of
+        :meth:`forward`, as before (SDPA's GPU backends were not checked here on rows without a real key).
         """
         if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):
             mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return landmarks_cpu.attend(q, k, v, mask)
         return self(q, k, key_mask) @ v
 
 

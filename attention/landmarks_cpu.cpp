@@ -1,0 +1,248 @@
+// CPU kernels of landmark attention, float32, built and called by attention/landmarks_cpu.py (plain C ABI
+// through ctypes; the math is in its docstring):
+// * landmarks_abs_row_sums: sum_e |x_ie| per row (CUR's `abs` selection priorities) in one pass, no |X| tensor;
+// * landmarks_few_keys_attend: the forward of softmax attention over few keys (m <= 128), the products C W of
+//   CUR and Nyström and Proxyformer's K1 Y_p. Per problem p (a (batch, head) pair) and query row i:
+//     s_j = scale * q_i . k_j + bias_j  (j < mp),   y_i = sum_j exp(s_j - max_j s_j) v_j / sum_j exp(s_j - max_j s_j)
+//   with kt (P, d, mp) the keys transposed and zero-padded to mp = MV vectors, bias (P, mp) 0 or -inf (padding
+//   columns -inf), v rows of d contiguous floats (d % W == 0); q, v, y addressed by strides. It writes max_j s_j
+//   and sum_j exp(s_j - max) per row, from which the caller forms lse = max + log(sum) where backward needs it.
+//   A row whose keys are all masked gets y_i = 0, max 0 and sum 1 (lse 0), as ATen's flash kernel gives it.
+//   Each task takes R query rows: their R x MV logit vectors stay in registers while the d key vectors stream
+//   from L1, the exponentials are a vector polynomial (Cephes' expf), the row reductions butterfly shuffles,
+//   and the output's accumulators take one broadcast weight per key.
+// GCC vector extensions: one vector is one register of the instruction set landmarks_cpu.py compiles for
+// (-DLRA_VECTOR_BYTES, as attention/l1_cpu.cpp).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#ifndef LRA_VECTOR_BYTES
+#define LRA_VECTOR_BYTES 16
+#endif
+
+namespace {
+
+constexpr int kBytes = LRA_VECTOR_BYTES;
+static_assert(kBytes == 16 || kBytes == 32 || kBytes == 64, "LRA_VECTOR_BYTES must be 16, 32 or 64");
+constexpr int W = kBytes / 4;                        // floats per vector
+constexpr int kAccumulators = kBytes == 64 ? 16 : 8;  // logit vectors held per task (32 or 16 registers)
+constexpr int kMaxKeys = 128;
+
+typedef float vec __attribute__((vector_size(kBytes)));
+typedef int32_t ivec __attribute__((vector_size(kBytes)));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+inline vec splat(float x) { return x - vec{}; }
+
+// exp(x) for x <= 0 (arguments are s_j - max): Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2 / 2;
+// below -87.3 (e^-87.3 ~ 1.2e-38, and -inf from masked keys) the result is exactly 0.
+inline vec vexp(vec x) {
+  const vec lo = splat(-87.3f);
+  ivec keep = x >= lo;
+  x = x < lo ? lo : x;
+  const vec shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to the nearest integer
+  vec n = (x * 1.44269504088896341f + shifter) - shifter;
+  vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vec p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  ivec exponent = (__builtin_convertvector(n, ivec) + 127) << 23;
+  vec result = p * (vec)exponent;
+  return (vec)((ivec)result & keep);
+}
+
+// All lanes of the result hold the maximum (sum) of v's lanes: log2(W) butterfly steps, each a permutation
+// with compile-time lane indices (one shuffle instruction).
+template <int Step, size_t... Lane> inline vec swap_lanes(vec v, std::index_sequence<Lane...>) {
+  return __builtin_shufflevector(v, v, (Lane ^ Step)...);
+}
+template <int Step = W / 2, typename F> inline vec butterfly(vec v, F combine) {
+  v = combine(v, swap_lanes<Step>(v, std::make_index_sequence<W>{}));
+  if constexpr (Step > 1) return butterfly<Step / 2>(v, combine);
+  return v;
+}
+inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+inline vec hmax(vec v) { return butterfly(v, vmax); }
+inline vec hsum(vec v) { return butterfly(v, [](vec a, vec b) { return a + b; }); }
+
+struct Problem {
+  const float *q, *kt, *bias, *v;
+  float *y, *row_max, *row_sum;
+  int64_t q_row, v_row, y_row;
+};
+
+// R query rows of one problem against its mp = MV * W keys; DV = d / W output vectors.
+template <int R, int MV>
+void rows(const Problem& p, int64_t m, int64_t d, float scale) {
+  constexpr int mp = MV * W;
+  vec logits[R][MV] = {};
+  for (int64_t e = 0; e < d; ++e) {
+    vec kv[MV];
+    for (int u = 0; u < MV; ++u) kv[u] = load(p.kt + e * mp + u * W);
+    for (int r = 0; r < R; ++r) {
+      vec qe = splat(p.q[r * p.q_row + e]);
+      for (int u = 0; u < MV; ++u) logits[r][u] += qe * kv[u];
+    }
+  }
+  alignas(64) float weights[R][mp];
+  // Softmax, one step at a time for all R rows so that their dependency chains interleave.
+  vec top[R], total[R];
+  for (int r = 0; r < R; ++r) {
+    top[r] = splat(-INFINITY);
+    for (int u = 0; u < MV; ++u) {
+      logits[r][u] = logits[r][u] * scale + load(p.bias + u * W);
+      top[r] = vmax(top[r], logits[r][u]);
+    }
+  }
+  for (int r = 0; r < R; ++r) top[r] = hmax(top[r]);
+  for (int r = 0; r < R; ++r) top[r] = top[r] == -INFINITY ? vec{} : top[r];  // no real key: all weights 0
+  for (int r = 0; r < R; ++r) {
+    total[r] = vec{};
+    for (int u = 0; u < MV; ++u) {
+      logits[r][u] = vexp(logits[r][u] - top[r]);
+      total[r] += logits[r][u];
+    }
+  }
+  for (int r = 0; r < R; ++r) total[r] = hsum(total[r]);
+  for (int r = 0; r < R; ++r) {
+    const vec inverse = total[r] == vec{} ? vec{} : 1.0f / total[r];
+    for (int u = 0; u < MV; ++u) store(&weights[r][u * W], logits[r][u] * inverse);
+    p.row_max[r] = top[r][0];
+    p.row_sum[r] = total[r][0] == 0.0f ? 1.0f : total[r][0];
+  }
+  // Output columns two vectors at a time; even and odd keys go to separate accumulators (R x 2 x 2 of them),
+  // so that even R = 1 or 2 keeps enough independent FMA chains in flight.
+  for (int64_t c = 0; c < d; c += 2 * W) {
+    const bool two = c + 2 * W <= d;
+    vec out[R][2][2] = {};
+    int64_t j = 0;
+    for (; j + 2 <= m; j += 2)
+      for (int parity = 0; parity < 2; ++parity) {
+        const float* vj = p.v + (j + parity) * p.v_row + c;
+        vec v0 = load(vj), v1 = two ? load(vj + W) : vec{};
+        for (int r = 0; r < R; ++r) {
+          vec w = splat(weights[r][j + parity]);
+          out[r][parity][0] += w * v0;
+          out[r][parity][1] += w * v1;
+        }
+      }
+    if (j < m) {
+      const float* vj = p.v + j * p.v_row + c;
+      vec v0 = load(vj), v1 = two ? load(vj + W) : vec{};
+      for (int r = 0; r < R; ++r) {
+        out[r][0][0] += splat(weights[r][j]) * v0;
+        out[r][0][1] += splat(weights[r][j]) * v1;
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      store(p.y + r * p.y_row + c, out[r][0][0] + out[r][1][0]);
+      if (two) store(p.y + r * p.y_row + c + W, out[r][0][1] + out[r][1][1]);
+    }
+  }
+}
+
+template <int MV>
+void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d, float scale, int threads) {
+  constexpr int R = std::max(1, kAccumulators / MV);
+  const int64_t blocks = (n + R - 1) / R;
+  auto work = [=](int64_t lo, int64_t hi) {
+    for (int64_t task = lo; task < hi; ++task) {
+      Problem p = problems[task / blocks];
+      const int64_t i = task % blocks * R;
+      p.q += i * p.q_row;
+      p.y += i * p.y_row;
+      p.row_max += i;
+      p.row_sum += i;
+      if (i + R <= n) {
+        rows<R, MV>(p, m, d, scale);
+      } else {
+        for (int64_t row = i; row < n; ++row, p.q += p.q_row, p.y += p.y_row, ++p.row_max, ++p.row_sum)
+          rows<1, MV>(p, m, d, scale);
+      }
+    }
+  };
+  const int64_t tasks = P * blocks;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, tasks));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < parts; ++t) pool.emplace_back(work, tasks * t / parts, tasks * (t + 1) / parts);
+  work(0, tasks / parts);
+  for (auto& worker : pool) worker.join();
+}
+
+// Rows [lo, hi) of x (row i of problem i / n at base + (i / n / heads) * s0 + (i / n % heads) * s1 + (i % n) * s2).
+void abs_row_sums(const float* x, const int64_t* strides, float* out, int64_t heads, int64_t n, int64_t d,
+                  int64_t lo, int64_t hi) {
+  for (int64_t row = lo; row < hi; ++row) {
+    const int64_t p = row / n, i = row % n;
+    const float* xi = x + p / heads * strides[0] + p % heads * strides[1] + i * strides[2];
+    vec total = {};
+    int64_t e = 0;
+    for (; e + W <= d; e += W) total += (vec)((ivec)load(xi + e) & INT32_MAX);
+    float sum = hsum(total)[0];
+    for (; e < d; ++e) sum += std::abs(xi[e]);
+    out[row] = sum;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+// out (batch, heads, n) contiguous = sum over the last dimension of |x|, x (batch, heads, n, d) at strides
+// (last stride 1).
+void landmarks_abs_row_sums_f32(const float* x, const int64_t* strides, float* out, int64_t batch, int64_t heads,
+                                int64_t n, int64_t d, int threads) {
+  const int64_t rows = batch * heads * n;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, rows / 4096));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < parts; ++t)
+    pool.emplace_back(abs_row_sums, x, strides, out, heads, n, d, rows * t / parts, rows * (t + 1) / parts);
+  abs_row_sums(x, strides, out, heads, n, d, 0, rows / parts);
+  for (auto& worker : pool) worker.join();
+}
+
+int landmarks_vector_bytes() { return kBytes; }
+
+// q: (batch, heads, n, d) at strides q_strides[0..2] (last stride 1); kt (batch * heads, d, mp), bias
+// (batch * heads, mp) contiguous; v at v_strides (m rows); y at y_strides; row_max, row_sum (batch * heads, n):
+// lse = row_max + log(row_sum) (0 and 1 for a row without a real key, so lse = 0). Returns 0, or -1
+// when mp is not one of W, 2W, 4W, ... up to kMaxKeys or d is not a multiple of W (nothing written then).
+int landmarks_few_keys_attend_f32(const float* q, const int64_t* q_strides, const float* kt, const float* bias,
+                                  const float* v, const int64_t* v_strides, float* y, const int64_t* y_strides,
+                                  float* row_max, float* row_sum, int64_t batch, int64_t heads, int64_t n, int64_t m,
+                                  int64_t mp, int64_t d, float scale, int threads) {
+  if (d % W || m > mp || mp > kMaxKeys || mp % W) return -1;
+  std::vector<Problem> problems(batch * heads);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t index = b * heads + h;
+      problems[index] = Problem{q + b * q_strides[0] + h * q_strides[1], kt + index * d * mp, bias + index * mp,
+                                v + b * v_strides[0] + h * v_strides[1], y + b * y_strides[0] + h * y_strides[1],
+                                row_max + index * n, row_sum + index * n, q_strides[2], v_strides[2], y_strides[2]};
+    }
+  const Problem* all = problems.data();
+  const int64_t P = batch * heads;
+  switch (mp / W) {
+    case 1: attend<1>(all, P, n, m, d, scale, threads); return 0;
+    case 2: attend<2>(all, P, n, m, d, scale, threads); return 0;
+    case 4: attend<4>(all, P, n, m, d, scale, threads); return 0;
+    case 8: attend<8>(all, P, n, m, d, scale, threads); return 0;
+    case 16: attend<std::min(16, kMaxKeys / W)>(all, P, n, m, d, scale, threads); return 0;
+    case 32: attend<std::min(32, kMaxKeys / W)>(all, P, n, m, d, scale, threads); return 0;
+    default: return -1;
+  }
+}
+}

@@ -1,0 +1,141 @@
+"""CPU kernels of landmark attention (``landmarks_cpu.cpp``, float32): CUR's ``abs`` selection priorities and
+softmax attention over few keys.
+
+* :func:`abs_row_sums` ``Σ_e |x_ie|`` ``(B, H, n)`` from ``x`` ``(B, H, n, d)``: one pass over ``x``, where
+  ``x.abs().sum(-1)`` writes and rereads a full-size ``|X|`` (CUR paper §7.1, the ``abs`` rule).
+* :func:`attend` ``softmax(scale · Q Kᵀ + log M) V`` per (batch, head), with ``q`` ``(n, d)``, ``k, v``
+  ``(m, d)``, m ≤ 128 keys and a key mask ``M``: the products ``C W`` of CUR and Nyström and Proxyformer's
+  ``K₁ Y_p``. A row's m logits stay in registers, the exponentials are a vector polynomial, and no ``n × m``
+  block is written; ATen's flash kernel (``F.scaled_dot_product_attention`` on CPU) computes the same by GEMM
+  calls on blocks of rows and writes the blocks in between. Backward is ATen's flash-attention backward,
+  called with this forward's ``Y`` and ``lse_i = log Σ_j exp(scale · q_i · k_j + log M_j)`` (what SDPA saves),
+  so gradients are SDPA's. A row with no real key gives 0 (SDPA's CPU convention).
+
+Both take float32 CPU tensors outside ``torch.compile`` (ctypes would break the graph), :func:`attend` further
+m ≤ 128, ``d`` a multiple of the vector width and a mask that depends on the key only (:func:`applies`);
+anything else runs the PyTorch form (``x.abs().sum(-1)``, SDPA). Built like the L1 kernels
+(:func:`attention.l1_cpu.build`); without a compiler they warn once and the PyTorch forms run.
+Measured: docs/bench.md "Landmark kernels on CPU".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attention import l1_cpu
+
+SOURCE = Path(__file__).with_name("landmarks_cpu.cpp")
+CPU_KERNEL = True  # False runs the PyTorch forms (tests and benchmarks compare the two)
+MAX_KEYS = 128
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """``landmarks_cpu.cpp`` built by :func:`attention.l1_cpu.build`, or None (with a warning) without a compiler."""
+    try:
+        lib = ctypes.CDLL(str(l1_cpu.build(source=SOURCE)))
+    except RuntimeError as error:
+        warnings.warn(f"landmark attention runs without its CPU kernels: {str(error).splitlines()[0]}")
+        return None
+    if lib.landmarks_vector_bytes() != l1_cpu.vector_bytes():
+        raise RuntimeError(f"{SOURCE.name} was compiled for {lib.landmarks_vector_bytes()}-byte vectors, "
+                           f"expected {l1_cpu.vector_bytes()}")
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.landmarks_few_keys_attend_f32.argtypes = [ptr] * 10 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
+    lib.landmarks_few_keys_attend_f32.restype = ctypes.c_int
+    lib.landmarks_abs_row_sums_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+    return lib
+
+
+def _kernel_takes(*tensors: torch.Tensor) -> bool:
+    """Float32 CPU tensors with contiguous rows, outside ``torch.compile``, and the library built."""
+    return (CPU_KERNEL and all(x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1
+                               for x in tensors)
+            and not torch.compiler.is_compiling() and library() is not None)
+
+
+def _strides(x: torch.Tensor) -> ctypes.Array:
+    return (ctypes.c_int64 * 3)(*x.stride()[:3])
+
+
+def abs_row_sums(x: torch.Tensor) -> torch.Tensor:
+    """``x.abs().sum(-1)`` ``(B, H, n)`` for ``x`` ``(B, H, n, d)`` (any strides), by the kernel where it applies."""
+    if x.dim() != 4 or not _kernel_takes(x):
+        return x.abs().sum(-1)
+    batch, heads, n, d = x.shape
+    out = x.new_empty(batch, heads, n)
+    library().landmarks_abs_row_sums_f32(x.data_ptr(), _strides(x), out.data_ptr(), batch, heads, n, d,
+                                         torch.get_num_threads())
+    return out
+
+
+def padded_keys(m: int) -> int:
+    """The kernel's key count for ``m`` keys: the vector width (in floats) times the next power of two."""
+    width = l1_cpu.vector_bytes() // 4
+    return width * (1 << max(0, (m - 1) // width).bit_length())
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> bool:
+    """Whether :func:`attend` runs the kernel on these ``(B, H, ·, d)`` operands (see the module docstring;
+    ``k`` and ``v`` may broadcast over ``q``'s batch and heads, not the other way round)."""
+    return (k.shape[-2] <= MAX_KEYS and q.shape[-1] == v.shape[-1] and q.shape[-1] % (l1_cpu.vector_bytes() // 4) == 0
+            and (key_mask is None or key_mask.shape[-2] == 1)
+            and torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2]) == q.shape[:2]
+            and k.dtype == torch.float32 and _kernel_takes(q, v))
+
+
+def few_keys_forward(q, k, v, bias, scale: float, with_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(Y, lse)``: ``Y`` ``(B, H, n, d)`` in SDPA's ``(B, n, H, d)`` memory and, if ``with_lse``, ``lse``
+    ``(B, H, n)``, from ``q`` ``(B, H, n, d)``, ``k, v`` ``(B, H, m, d)`` (expanded views allowed) and the additive
+    ``bias`` broadcasting to ``(B, H, 1, m)`` (0 or −inf)."""
+    batch, heads, n, d = q.shape
+    m = k.shape[-2]
+    mp = padded_keys(m)
+    kt = q.new_zeros(batch, heads, d, mp)
+    kt[..., :m] = k.transpose(-1, -2)
+    padded_bias = q.new_full((batch, heads, mp), -torch.inf)
+    padded_bias[..., :m] = bias.expand(batch, heads, 1, m)[:, :, 0]
+    v = v.expand(batch, heads, m, d)
+    y = q.new_empty(batch, n, heads, d).transpose(1, 2)
+    row_max, row_sum = q.new_empty(2, batch, heads, n)
+    status = library().landmarks_few_keys_attend_f32(
+        q.data_ptr(), _strides(q), kt.data_ptr(), padded_bias.data_ptr(), v.data_ptr(), _strides(v), y.data_ptr(),
+        _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, n, m, mp, d, scale, torch.get_num_threads())
+    if status:
+        raise ValueError(f"landmarks_cpu: m={m} (padded {mp}) or d={d} is not supported; applies() should have said so")
+    return y, row_sum.log_().add_(row_max) if with_lse else None
+
+
+class FewKeysAttention(torch.autograd.Function):
+    """``softmax(scale · Q Kᵀ + bias) V`` by the kernel; backward is ATen's flash-attention backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale: float):
+        y, lse = few_keys_forward(q, k, v, bias, scale, with_lse=any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(q, k, v, bias, y, lse)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, bias, y, lse = ctx.saved_tensors
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, y, lse, 0.0, False, attn_mask=bias, scale=ctx.scale)
+        return *grads, None, None
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)`` (default scale ``1/√d``), by the kernel
+    where :func:`applies`; ``key_mask`` bool broadcasting to ``(B, H, 1, m)`` or None."""
+    if not applies(q, k, v, key_mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+    shape = (*q.shape[:2], 1, k.shape[-2])
+    bias = q.new_zeros(shape) if key_mask is None else q.new_zeros(shape).masked_fill_(~key_mask.expand(shape), -torch.inf)
+    return FewKeysAttention.apply(q, k, v, bias, q.shape[-1] ** -0.5)

@@ -1,0 +1,110 @@
+"""`attention.landmarks_cpu`: the few-keys kernel against a dense float64 softmax (values and gradients), the abs
+row sums against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attention import landmarks_cpu, l1_cpu
+from tests.tolerances import tolerance
+
+WIDTH = l1_cpu.vector_bytes() // 4  # floats per vector: d must be a multiple of it
+
+
+def dense(q, k, v, key_mask):
+    """``softmax(Q Kᵀ/√d + log M) V`` in float64, 0 for a row without a real key."""
+    q, k, v = q.double(), k.double(), v.double()
+    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    logits = logits.masked_fill(~key_mask, -torch.inf)
+    weights = torch.softmax(logits, -1).nan_to_num(0.0)
+    return weights @ v
+
+
+def operands(batch, heads, n, m, d, seed=0):
+    """q in the (B, n, H, d) memory of the model's projections, k, v contiguous, a key mask with a sequence
+    (batch 0, head 0) that has no real key and others with some keys masked."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, n, heads, d, generator=generator).transpose(1, 2) * 2
+    k = torch.randn(batch, heads, m, d, generator=generator) * 2
+    v = torch.randn(batch, heads, m, d, generator=generator)
+    key_mask = torch.rand(batch, heads, 1, m, generator=generator) > 0.3
+    key_mask[..., 0] = True
+    key_mask[0, 0] = False
+    return q, k, v, key_mask
+
+
+def tolerances(q, k, v, m, d):
+    spread = ((q @ k.transpose(-1, -2)) * d**-0.5).abs().amax().item() * 2
+    return tolerance(torch.float32, max(m, d), reductions=2, conditioning=spread, scale=v.abs().amax().item())
+
+
+@pytest.mark.parametrize("m", [1, 3, WIDTH, WIDTH + 1, 64, 128])
+@pytest.mark.parametrize("d", [WIDTH, 32, 64])
+def test_forward_matches_dense_softmax(m, d):
+    if d % WIDTH:
+        pytest.skip(f"d={d} is not a multiple of this CPU's vector width {WIDTH}")
+    q, k, v, key_mask = operands(2, 2, 37, m, d)
+    assert landmarks_cpu.applies(q, k, v, key_mask)
+    y = landmarks_cpu.attend(q, k, v, key_mask)
+    assert y.stride() == F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask).stride()
+    torch.testing.assert_close(y.double(), dense(q, k, v, key_mask), **tolerances(q, k, v, m, d))
+    assert y[0, 0].abs().max() == 0  # no real key: all weights 0
+
+
+@pytest.mark.parametrize("m", [5, 64])
+def test_gradients_match_dense_softmax(m):
+    d = 32 if 32 % WIDTH == 0 else WIDTH
+    q, k, v, key_mask = operands(2, 2, 19, m, d, seed=1)
+    grad = torch.randn(2, 2, 19, d, generator=torch.Generator().manual_seed(2))
+    inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    landmarks_cpu.attend(*inputs, key_mask).backward(grad)
+    reference = [x.double().requires_grad_() for x in (q, k, v)]
+    dense(*reference, key_mask).backward(grad.double())
+    limits = tolerance(torch.float32, max(m, d, 19), reductions=3, conditioning=40.0,
+                       scale=max(x.grad.abs().amax().item() for x in reference))
+    for name, ours, theirs in zip("qkv", inputs, reference):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, **limits, msg=lambda text: f"d{name}: {text}")
+
+
+def test_expanded_values_and_no_mask():
+    """Values broadcast over the batch (Proxyformer's landmarks are (1, H, m, d) before the first layer) and no mask."""
+    d = 32 if 32 % WIDTH == 0 else WIDTH
+    q, k, v, _ = operands(3, 2, 11, 20, d)
+    v = v[:1].expand(3, -1, -1, -1)
+    y = landmarks_cpu.attend(q, k, v, None)
+    everything = torch.ones(3, 2, 1, 20, dtype=torch.bool)
+    torch.testing.assert_close(y.double(), dense(q, k, v, everything), **tolerances(q, k, v, 20, d))
+
+
+@pytest.mark.parametrize("case", ["many keys", "float64", "mask per query"])
+def test_other_operands_take_sdpa(case):
+    """Outside the kernel's domain ``attend`` is SDPA itself (bit for bit)."""
+    m = 129 if case == "many keys" else 8
+    q, k, v, key_mask = operands(1, 2, 9, m, 32)
+    if case == "float64":
+        q, k, v = q.double(), k.double(), v.double()
+    if case == "mask per query":
+        key_mask = key_mask.expand(1, 2, 9, m)
+    assert not landmarks_cpu.applies(q, k, v, key_mask)
+    assert torch.equal(landmarks_cpu.attend(q, k, v, key_mask), F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
+
+
+def test_padded_key_count():
+    assert [landmarks_cpu.padded_keys(m) for m in (1, WIDTH, WIDTH + 1, 64, 128)] == [
+        WIDTH, WIDTH, 2 * WIDTH, max(64, WIDTH), 128]
+
+
+@pytest.mark.parametrize("d", [1, WIDTH, 32, WIDTH + 3])
+def test_abs_row_sums_match_float64(d):
+    """Rows in the (B, n, H, d) memory of the projections, a tail when d is not a multiple of the vector width."""
+    x = torch.randn(2, 7, 3, d, generator=torch.Generator().manual_seed(4)).transpose(1, 2)
+    sums = landmarks_cpu.abs_row_sums(x)
+    assert sums.shape == (2, 3, 7)
+    torch.testing.assert_close(sums.double(), x.double().abs().sum(-1), **tolerance(torch.float32, d))
+
+
+def test_abs_row_sums_of_other_tensors_are_abs_sum():
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    assert torch.equal(landmarks_cpu.abs_row_sums(x), x.abs().sum(-1))
