@@ -33,6 +33,7 @@ import math
 import os
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import torch
@@ -84,6 +85,16 @@ def build(compiler: str | None = None, source: Path = SOURCE) -> Path:
             raise RuntimeError(f"compiling {source.name} failed: {' '.join(command)}\n{result.stderr[-3000:]}")
         os.replace(partial, path)  # atomic: concurrent first uses never load a half-written library
     return path
+
+
+def load_or_warn(source: Path, instead: str) -> ctypes.CDLL | None:
+    """``source`` built by :func:`build` and loaded, or None with a warning that ``instead`` runs (no compiler, or
+    it failed): for kernels that have a PyTorch form to fall back on (the L1 kernels have none and raise)."""
+    try:
+        return ctypes.CDLL(str(build(source=source)))
+    except RuntimeError as error:
+        warnings.warn(f"{instead}: {str(error).splitlines()[0]}")
+        return None
 
 
 @functools.lru_cache(maxsize=None)

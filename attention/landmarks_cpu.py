@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import warnings
 from pathlib import Path
 
 import torch
@@ -38,10 +37,8 @@ MAX_KEYS = 128
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """``landmarks_cpu.cpp`` built by :func:`attention.l1_cpu.build`, or None (with a warning) without a compiler."""
-    try:
-        lib = ctypes.CDLL(str(l1_cpu.build(source=SOURCE)))
-    except RuntimeError as error:
-        warnings.warn(f"landmark attention runs without its CPU kernels: {str(error).splitlines()[0]}")
+    lib = l1_cpu.load_or_warn(SOURCE, "landmark attention runs without its CPU kernels")
+    if lib is None:
         return None
     if lib.landmarks_vector_bytes() != l1_cpu.vector_bytes():
         raise RuntimeError(f"{SOURCE.name} was compiled for {lib.landmarks_vector_bytes()}-byte vectors, "

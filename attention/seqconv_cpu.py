@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import warnings
 from pathlib import Path
 
 import torch
@@ -33,10 +32,8 @@ CPU_KERNEL = True  # False runs the banded products on CPU too (tests compare th
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """``seqconv_cpu.cpp`` built by :func:`attention.l1_cpu.build`, or None (with a warning) without a compiler."""
-    try:
-        lib = ctypes.CDLL(str(l1_cpu.build(source=SOURCE)))
-    except RuntimeError as error:
-        warnings.warn(f"Nyström's conv runs as banded matrix products: {str(error).splitlines()[0]}")
+    lib = l1_cpu.load_or_warn(SOURCE, "Nyström's conv runs as banded matrix products")
+    if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for suffix in ("f32", "f64"):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import warnings
 from pathlib import Path
 
 import torch
@@ -53,10 +52,8 @@ SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # torch.randint's range: (almost) eve
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """``dropout_cpu.cpp`` built by :func:`attention.l1_cpu.build`, or None (with a warning) without a compiler."""
-    try:
-        lib = ctypes.CDLL(str(l1_cpu.build(source=SOURCE)))
-    except RuntimeError as error:
-        warnings.warn(f"Dropout on CPU runs as F.dropout: {str(error).splitlines()[0]}")
+    lib = l1_cpu.load_or_warn(SOURCE, "Dropout on CPU runs as F.dropout")
+    if lib is None:
         return None
     for name in KERNELS.values():
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,

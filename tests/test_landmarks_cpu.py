@@ -108,3 +108,18 @@ def test_abs_row_sums_match_float64(d):
 def test_abs_row_sums_of_other_tensors_are_abs_sum():
     x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
     assert torch.equal(landmarks_cpu.abs_row_sums(x), x.abs().sum(-1))
+
+
+def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
+    """No C++ compiler (``CXX`` names none, empty kernel cache): one warning, then SDPA's result exactly."""
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("LRA_KERNEL_CACHE", str(tmp_path))
+    landmarks_cpu.library.cache_clear()
+    try:
+        q, k, v, key_mask = operands(1, 2, 9, 8, 32)
+        with pytest.warns(UserWarning, match="without its CPU kernels: .*'no-such-compiler' was not found"):
+            y = landmarks_cpu.attend(q, k, v, key_mask)
+        assert torch.equal(y, F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
+        assert torch.equal(landmarks_cpu.abs_row_sums(q), q.abs().sum(-1))
+    finally:
+        landmarks_cpu.library.cache_clear()
