@@ -85,7 +85,7 @@ struct Problem {
   int64_t q_row, v_row, y_row;
 };
 
-// R query rows of one problem against its mp = MV * W keys; DV = d / W output vectors.
+// R query rows of one problem against its mp = MV * W keys (m of them real), d / W vectors of output each.
 template <int R, int MV>
 void rows(const Problem& p, int64_t m, int64_t d, float scale) {
   constexpr int mp = MV * W;
