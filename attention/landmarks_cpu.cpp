@@ -1,16 +1,16 @@
 // CPU kernels of landmark attention, float32, built and called by attention/landmarks_cpu.py (plain C ABI
 // through ctypes; the math is in its docstring):
 // * landmarks_abs_row_sums: sum_e |x_ie| per row (CUR's `abs` selection priorities) in one pass, no |X| tensor;
-// * landmarks_few_keys_attend: the forward of softmax attention over few keys (m <= 128), the products C W of
-//   CUR and Nyström and Proxyformer's K1 Y_p. Per problem p (a (batch, head) pair) and query row i:
-//     s_j = scale * q_i . k_j + bias_j  (j < mp),   y_i = sum_j exp(s_j - max_j s_j) v_j / sum_j exp(s_j - max_j s_j)
-//   with kt (P, d, mp) the keys transposed and zero-padded to mp = MV vectors, bias (P, mp) 0 or -inf (padding
-//   columns -inf), v rows of d contiguous floats (d % W == 0); q, v, y addressed by strides. It writes max_j s_j
-//   and sum_j exp(s_j - max) per row, from which the caller forms lse = max + log(sum) where backward needs it.
-//   A row whose keys are all masked gets y_i = 0, max 0 and sum 1 (lse 0), as ATen's flash kernel gives it.
-//   Each task takes R query rows: their R x MV logit vectors stay in registers while the d key vectors stream
-//   from L1, the exponentials are a vector polynomial (Cephes' expf), the row reductions butterfly shuffles,
-//   and the output's accumulators take one broadcast weight per key.
+// * landmarks_few_keys_attend / landmarks_few_queries_attend: the forward of softmax attention when the keys
+//   (C W of CUR and Nyström, Proxyformer's K1 Y_p) or the queries (R V, Nyström's k3 V, Proxyformer's K2 V) are
+//   at most 128. Per problem p (a (batch, head) pair) and query row i:
+//     s_ij = scale * q_i . k_j + bias_j,   y_i = sum_j exp(s_ij - max_j s_ij) v_j / sum_j exp(s_ij - max_j s_ij)
+//   with bias 0 or -inf per key. They write max_j s_ij and sum_j exp(s_ij - max) per row, from which the caller
+//   forms lse = max + log(sum) where backward needs it; a row whose keys are all masked gets y_i = 0, max 0 and
+//   sum 1 (lse 0), as ATen's flash kernel gives it. The few side is transposed and zero-padded by the caller
+//   (kt (P, d, mp) or qt (P, d, mq), mp and mq a power of two times the vector width); everything else is
+//   addressed by strides (rows of d contiguous floats, d % W == 0). Exponentials are a vector polynomial
+//   (Cephes' expf), row reductions butterfly shuffles.
 // GCC vector extensions: one vector is one register of the instruction set landmarks_cpu.py compiles for
 // (-DLRA_VECTOR_BYTES, as attention/l1_cpu.cpp).
 #include <algorithm>
@@ -78,6 +78,15 @@ template <int Step = W / 2, typename F> inline vec butterfly(vec v, F combine) {
 inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline vec hmax(vec v) { return butterfly(v, vmax); }
 inline vec hsum(vec v) { return butterfly(v, [](vec a, vec b) { return a + b; }); }
+
+// Runs f(lo, hi) over [0, tasks) split into `threads` contiguous ranges (the calling thread takes one).
+template <typename F> void parallel(int64_t tasks, int threads, F f) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, tasks));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < parts; ++t) pool.emplace_back(f, tasks * t / parts, tasks * (t + 1) / parts);
+  f(0, tasks / parts);
+  for (auto& worker : pool) worker.join();
+}
 
 struct Problem {
   const float *q, *kt, *bias, *v;
@@ -159,7 +168,7 @@ template <int MV>
 void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d, float scale, int threads) {
   constexpr int R = std::max(1, kAccumulators / MV);
   const int64_t blocks = (n + R - 1) / R;
-  auto work = [=](int64_t lo, int64_t hi) {
+  parallel(P * blocks, threads, [=](int64_t lo, int64_t hi) {
     for (int64_t task = lo; task < hi; ++task) {
       Problem p = problems[task / blocks];
       const int64_t i = task % blocks * R;
@@ -174,13 +183,118 @@ void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d,
           rows<1, MV>(p, m, d, scale);
       }
     }
-  };
-  const int64_t tasks = P * blocks;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, tasks));
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < parts; ++t) pool.emplace_back(work, tasks * t / parts, tasks * (t + 1) / parts);
-  work(0, tasks / parts);
-  for (auto& worker : pool) worker.join();
+  });
+}
+
+// Few queries (m <= 128) against many keys, one problem: qt (d, mq) the queries transposed and zero-padded to
+// mq = QV vectors; keys k and values v at row strides k_row, v_row over n keys; bias (n) 0 or -inf per key.
+// Logits are vectors over the queries, so the softmax over keys is elementwise: keys go in blocks of kKeyBlock
+// with running maxima and sums per query (flash attention's online softmax); a block whose keys are all masked
+// is skipped. Writes the m real rows of y (row stride y_row) and row_max, row_sum (m) as the few-keys kernel.
+constexpr int kKeyBlock = 32;
+
+template <int QV>
+void few_queries(const float* qt, const float* k, int64_t k_row, const float* v, int64_t v_row, const float* bias,
+                 float* y, int64_t y_row, float* row_max, float* row_sum, int64_t m, int64_t n, int64_t d,
+                 float scale, float* scratch) {
+  // G keys per logit tile, RQ query rows per output tile (2 column vectors each)
+  constexpr int mq = QV * W, G = std::max(1, kAccumulators / QV), RQ = kAccumulators / 2;
+  static_assert(RQ <= W, "an output tile's rows i..i+RQ-1 must stay inside the padded queries (mq % W == 0)");
+  float* block = scratch;                  // (kKeyBlock, mq): logits, then weights, of a key block
+  float* out = scratch + kKeyBlock * mq;   // (mq, d): unnormalised outputs
+  float* factor = out + mq * d;            // (mq): rescaling of out by the new maxima
+  std::fill(out, out + mq * d, 0.0f);
+  vec top[QV], total[QV];
+  for (int u = 0; u < QV; ++u) top[u] = splat(-INFINITY), total[u] = vec{};
+  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+    const int64_t keys = std::min<int64_t>(kKeyBlock, n - j0);
+    if (std::all_of(bias + j0, bias + j0 + keys, [](float b) { return b == -INFINITY; })) continue;
+    for (int64_t g = 0; g < keys; g += G) {  // logits of G keys x all queries
+      const int count = static_cast<int>(std::min<int64_t>(G, keys - g));
+      vec acc[G][QV] = {};
+      for (int64_t e = 0; e < d; ++e) {
+        vec qv[QV];
+        for (int u = 0; u < QV; ++u) qv[u] = load(qt + e * mq + u * W);
+        for (int t = 0; t < G; ++t) {
+          if (t >= count) break;
+          vec ke = splat(k[(j0 + g + t) * k_row + e]);
+          for (int u = 0; u < QV; ++u) acc[t][u] += ke * qv[u];
+        }
+      }
+      for (int t = 0; t < count; ++t)
+        for (int u = 0; u < QV; ++u) store(block + (g + t) * mq + u * W, acc[t][u] * scale + bias[j0 + g + t]);
+    }
+    for (int u = 0; u < QV; ++u) {  // per query: new maximum, rescaling factor, weights, running sum
+      vec block_top = splat(-INFINITY);
+      for (int64_t t = 0; t < keys; ++t) block_top = vmax(block_top, load(block + t * mq + u * W));
+      const vec new_top = vmax(top[u], block_top);
+      const vec shift = new_top == -INFINITY ? vec{} : new_top;  // no real key yet: exp(-inf - 0) = 0
+      const vec rescale = vexp(top[u] - shift);
+      vec sum = {};
+      for (int64_t t = 0; t < keys; ++t) {
+        vec weight = vexp(load(block + t * mq + u * W) - shift);
+        store(block + t * mq + u * W, weight);
+        sum += weight;
+      }
+      total[u] = total[u] * rescale + sum;
+      top[u] = new_top;
+      store(factor + u * W, rescale);
+    }
+    // out rows i..i+RQ-1, two column vectors at a time: factor * out + weights^T V over the block
+    for (int64_t i = 0; i < m; i += RQ) {
+      const int rows = static_cast<int>(std::min<int64_t>(RQ, m - i));
+      for (int64_t c = 0; c < d; c += 2 * W) {
+        const bool two = c + 2 * W <= d;
+        vec acc[RQ][2];
+        for (int r = 0; r < RQ; ++r) {
+          const vec f = splat(factor[i + r]);
+          acc[r][0] = r < rows ? load(out + (i + r) * d + c) * f : vec{};
+          acc[r][1] = r < rows && two ? load(out + (i + r) * d + c + W) * f : vec{};
+        }
+        for (int64_t t = 0; t < keys; ++t) {
+          const float* vt = v + (j0 + t) * v_row + c;
+          const vec v0 = load(vt), v1 = two ? load(vt + W) : vec{};
+          for (int r = 0; r < RQ; ++r) {
+            const vec w = splat(block[t * mq + i + r]);
+            acc[r][0] += w * v0;
+            acc[r][1] += w * v1;
+          }
+        }
+        for (int r = 0; r < rows; ++r) {
+          store(out + (i + r) * d + c, acc[r][0]);
+          if (two) store(out + (i + r) * d + c + W, acc[r][1]);
+        }
+      }
+    }
+  }
+  alignas(64) float tops[mq], totals[mq];
+  for (int u = 0; u < QV; ++u) store(tops + u * W, top[u]), store(totals + u * W, total[u]);
+  for (int64_t i = 0; i < m; ++i) {
+    const bool any = totals[i] > 0.0f;
+    const vec inverse = splat(any ? 1.0f / totals[i] : 0.0f);
+    for (int64_t c = 0; c < d; c += W) store(y + i * y_row + c, load(out + i * d + c) * inverse);
+    row_max[i] = any ? tops[i] : 0.0f;
+    row_sum[i] = any ? totals[i] : 1.0f;
+  }
+}
+
+template <int QV>
+void few_queries_all(const float* qt, const float* k, const int64_t* k_strides, const float* v,
+                     const int64_t* v_strides, const float* bias, int64_t bias_heads, float* y,
+                     const int64_t* y_strides, float* row_max, float* row_sum, int64_t batch, int64_t heads, int64_t m,
+                     int64_t n, int64_t d, float scale, int threads) {
+  constexpr int mq = QV * W;
+  parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
+    std::vector<float> scratch(kKeyBlock * mq + mq * d + mq + W);
+    float* aligned = scratch.data();
+    for (int64_t p = lo; p < hi; ++p) {
+      const int64_t b = p / heads, h = p % heads;
+      few_queries<QV>(qt + p * d * mq, k + b * k_strides[0] + h * k_strides[1], k_strides[2],
+                      v + b * v_strides[0] + h * v_strides[1], v_strides[2], bias + (b * bias_heads + h % bias_heads) * n,
+                      y + b * y_strides[0] + h * y_strides[1], y_strides[2], row_max + p * m, row_sum + p * m, m, n, d,
+                      scale, aligned);
+    }
+  });
 }
 
 // Rows [lo, hi) of x (row i of problem i / n at base + (i / n / heads) * s0 + (i / n % heads) * s1 + (i % n) * s2).
@@ -205,13 +319,10 @@ extern "C" {
 // (last stride 1).
 void landmarks_abs_row_sums_f32(const float* x, const int64_t* strides, float* out, int64_t batch, int64_t heads,
                                 int64_t n, int64_t d, int threads) {
-  const int64_t rows = batch * heads * n;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, rows / 4096));
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < parts; ++t)
-    pool.emplace_back(abs_row_sums, x, strides, out, heads, n, d, rows * t / parts, rows * (t + 1) / parts);
-  abs_row_sums(x, strides, out, heads, n, d, 0, rows / parts);
-  for (auto& worker : pool) worker.join();
+  const int64_t rows = batch * heads * n, parts = std::max<int64_t>(1, std::min<int64_t>(threads, rows / 4096));
+  parallel(parts, threads, [=](int64_t lo, int64_t hi) {
+    abs_row_sums(x, strides, out, heads, n, d, rows * lo / parts, rows * hi / parts);
+  });
 }
 
 int landmarks_vector_bytes() { return kBytes; }
@@ -242,6 +353,32 @@ int landmarks_few_keys_attend_f32(const float* q, const int64_t* q_strides, cons
     case 8: attend<8>(all, P, n, m, d, scale, threads); return 0;
     case 16: attend<std::min(16, kMaxKeys / W)>(all, P, n, m, d, scale, threads); return 0;
     case 32: attend<std::min(32, kMaxKeys / W)>(all, P, n, m, d, scale, threads); return 0;
+    default: return -1;
+  }
+}
+
+// Few queries (m <= 128) against many keys: qt (batch * heads, d, mq) contiguous, k and v (batch, heads, n, d) at
+// strides, bias (batch, bias_heads, n) contiguous with bias_heads 1 or heads, y at y_strides (m rows written),
+// row_max and row_sum (batch * heads, m) as for the few-keys kernel. Returns 0, or -1 when mq is not one of W, 2W,
+// 4W, ... up to kMaxKeys or d is not a multiple of W (nothing written then).
+int landmarks_few_queries_attend_f32(const float* qt, const float* k, const int64_t* k_strides, const float* v,
+                                     const int64_t* v_strides, const float* bias, int64_t bias_heads, float* y,
+                                     const int64_t* y_strides, float* row_max, float* row_sum, int64_t batch,
+                                     int64_t heads, int64_t m, int64_t mq, int64_t n, int64_t d, float scale,
+                                     int threads) {
+  if (d % W || m > mq || mq > kMaxKeys || mq % W) return -1;
+  switch (mq / W) {
+#define LRA_FEW_QUERIES(QV)                                                                                    \
+  few_queries_all<std::min(QV, kMaxKeys / W)>(qt, k, k_strides, v, v_strides, bias, bias_heads, y, y_strides, \
+                                              row_max, row_sum, batch, heads, m, n, d, scale, threads);        \
+  return 0;
+    case 1: LRA_FEW_QUERIES(1)
+    case 2: LRA_FEW_QUERIES(2)
+    case 4: LRA_FEW_QUERIES(4)
+    case 8: LRA_FEW_QUERIES(8)
+    case 16: LRA_FEW_QUERIES(16)
+    case 32: LRA_FEW_QUERIES(32)
+#undef LRA_FEW_QUERIES
     default: return -1;
   }
 }

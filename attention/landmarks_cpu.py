@@ -1,20 +1,22 @@
 """CPU kernels of landmark attention (``landmarks_cpu.cpp``, float32): CUR's ``abs`` selection priorities and
-softmax attention over few keys.
+softmax attention where one side is a few landmarks.
 
 * :func:`abs_row_sums` ``Σ_e |x_ie|`` ``(B, H, n)`` from ``x`` ``(B, H, n, d)``: one pass over ``x``, where
   ``x.abs().sum(-1)`` writes and rereads a full-size ``|X|`` (CUR paper §7.1, the ``abs`` rule).
-* :func:`attend` ``softmax(scale · Q Kᵀ + log M) V`` per (batch, head), with ``q`` ``(n, d)``, ``k, v``
-  ``(m, d)``, m ≤ 128 keys and a key mask ``M``: the products ``C W`` of CUR and Nyström and Proxyformer's
-  ``K₁ Y_p``. A row's m logits stay in registers, the exponentials are a vector polynomial, and no ``n × m``
-  block is written; ATen's flash kernel (``F.scaled_dot_product_attention`` on CPU) computes the same by GEMM
-  calls on blocks of rows and writes the blocks in between. Backward is ATen's flash-attention backward,
-  called with this forward's ``Y`` and ``lse_i = log Σ_j exp(scale · q_i · k_j + log M_j)`` (what SDPA saves),
-  so gradients are SDPA's. A row with no real key gives 0 (SDPA's CPU convention).
+* :func:`attend` ``softmax(scale · Q Kᵀ + log M) V`` per (batch, head) with a key mask ``M``, when the keys
+  or the queries are at most 128: *few keys* (CUR's and Nyström's ``C W``, Proxyformer's ``K₁ Y_p``): a query
+  row's logits stay in registers; *few queries* (``R V``, Nyström's ``k₃ V``, Proxyformer's ``K₂ V``): logits
+  are vectors over the queries, the softmax over keys runs online over blocks of 32 keys (flash attention's
+  running maxima and sums), and blocks whose keys are all padding are skipped. Neither writes the
+  ``n × m`` weights; ATen's flash kernel (``F.scaled_dot_product_attention`` on CPU) computes the same by
+  GEMM calls on blocks and writes the blocks in between, and computes padding keys. Backward is ATen's
+  flash-attention backward, called with this forward's ``Y`` and ``lse_i = log Σ_j exp(scale · q_i · k_j +
+  log M_j)`` (what SDPA saves), so gradients are SDPA's. A row with no real key gives 0 (SDPA's convention).
 
-Both take float32 CPU tensors outside ``torch.compile`` (ctypes would break the graph), :func:`attend` further
-m ≤ 128, ``d`` a multiple of the vector width and a mask that depends on the key only (:func:`applies`);
-anything else runs the PyTorch form (``x.abs().sum(-1)``, SDPA). Built like the L1 kernels
-(:func:`attention.l1_cpu.build`); without a compiler they warn once and the PyTorch forms run.
+Both take float32 CPU tensors with contiguous rows outside ``torch.compile`` (ctypes would break the graph);
+:func:`attend` further a head size that is a multiple of the vector width and a mask that depends on the key
+only (:func:`kernel_for`); anything else runs the PyTorch forms (``x.abs().sum(-1)``, SDPA). Built like the L1
+kernels (:func:`attention.l1_cpu.build`); without a compiler they warn once and the PyTorch forms run.
 Measured: docs/bench.md "Landmark kernels on CPU".
 """
 
@@ -46,6 +48,9 @@ def library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.landmarks_few_keys_attend_f32.argtypes = [ptr] * 10 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
     lib.landmarks_few_keys_attend_f32.restype = ctypes.c_int
+    lib.landmarks_few_queries_attend_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr] + [i64] * 6 + [
+        ctypes.c_float, ctypes.c_int]
+    lib.landmarks_few_queries_attend_f32.restype = ctypes.c_int
     lib.landmarks_abs_row_sums_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
     return lib
 
@@ -72,49 +77,82 @@ def abs_row_sums(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def padded_keys(m: int) -> int:
-    """The kernel's key count for ``m`` keys: the vector width (in floats) times the next power of two."""
+def padded(m: int) -> int:
+    """The kernels' padded count for ``m`` keys (few keys) or queries (few queries): the vector width (in floats)
+    times the next power of two."""
     width = l1_cpu.vector_bytes() // 4
     return width * (1 << max(0, (m - 1) // width).bit_length())
 
 
-def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> bool:
-    """Whether :func:`attend` runs the kernel on these ``(B, H, ·, d)`` operands (see the module docstring;
-    ``k`` and ``v`` may broadcast over ``q``'s batch and heads, not the other way round)."""
-    return (k.shape[-2] <= MAX_KEYS and q.shape[-1] == v.shape[-1] and q.shape[-1] % (l1_cpu.vector_bytes() // 4) == 0
-            and (key_mask is None or key_mask.shape[-2] == 1)
-            and torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2]) == q.shape[:2]
-            and k.dtype == torch.float32 and _kernel_takes(q, v))
+def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> str | None:
+    """``"few_keys"`` (≤ 128 keys), ``"few_queries"`` (≤ 128 queries) or None (SDPA) for these ``(B, H, ·, d)``
+    operands (see the module docstring)."""
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] % (l1_cpu.vector_bytes() // 4) == 0
+            and (key_mask is None or key_mask.shape[-2] == 1) and k.dtype == torch.float32 and _kernel_takes(q, k, v)):
+        return None
+    if k.shape[-2] <= MAX_KEYS:
+        return "few_keys"
+    return "few_queries" if q.shape[-2] <= MAX_KEYS else None
 
 
-def few_keys_forward(q, k, v, bias, scale: float, with_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(Y, lse)``: ``Y`` ``(B, H, n, d)`` in SDPA's ``(B, n, H, d)`` memory and, if ``with_lse``, ``lse``
-    ``(B, H, n)``, from ``q`` ``(B, H, n, d)``, ``k, v`` ``(B, H, m, d)`` (expanded views allowed) and the additive
-    ``bias`` broadcasting to ``(B, H, 1, m)`` (0 or −inf)."""
+def _key_bias(key_mask: torch.Tensor | None, batch: int, heads: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    """The additive mask (0 or −inf) ``(B, 1 or H, 1, n)`` of a bool ``key_mask`` broadcasting to ``(B, H, 1, n)``."""
+    if key_mask is None:
+        return like.new_zeros(batch, 1, 1, n)
+    mask = key_mask.expand(batch, key_mask.shape[1], 1, n)
+    return like.new_zeros(mask.shape).masked_fill_(~mask, -torch.inf)
+
+
+def few_keys_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Y, row max, row sum)`` of ``q`` ``(B, H, n, d)`` against ``k, v`` ``(B, H, m, d)``, m ≤ 128, and ``bias``
+    ``(B, 1 or H, 1, m)``: ``Y`` in SDPA's ``(B, n, H, d)`` memory, ``lse = max + log(sum)``."""
     batch, heads, n, d = q.shape
     m = k.shape[-2]
-    mp = padded_keys(m)
+    mp = padded(m)
     kt = q.new_zeros(batch, heads, d, mp)
     kt[..., :m] = k.transpose(-1, -2)
     padded_bias = q.new_full((batch, heads, mp), -torch.inf)
     padded_bias[..., :m] = bias.expand(batch, heads, 1, m)[:, :, 0]
-    v = v.expand(batch, heads, m, d)
     y = q.new_empty(batch, n, heads, d).transpose(1, 2)
     row_max, row_sum = q.new_empty(2, batch, heads, n)
     status = library().landmarks_few_keys_attend_f32(
         q.data_ptr(), _strides(q), kt.data_ptr(), padded_bias.data_ptr(), v.data_ptr(), _strides(v), y.data_ptr(),
         _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, n, m, mp, d, scale, torch.get_num_threads())
     if status:
-        raise ValueError(f"landmarks_cpu: m={m} (padded {mp}) or d={d} is not supported; applies() should have said so")
-    return y, row_sum.log_().add_(row_max) if with_lse else None
+        raise ValueError(f"landmarks_cpu: m={m} (padded {mp}) or d={d} is not supported by the few-keys kernel")
+    return y, row_max, row_sum
 
 
-class FewKeysAttention(torch.autograd.Function):
-    """``softmax(scale · Q Kᵀ + bias) V`` by the kernel; backward is ATen's flash-attention backward."""
+def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Y, row max, row sum)`` of ``q`` ``(B, H, m, d)``, m ≤ 128, against ``k, v`` ``(B, H, n, d)`` and ``bias``
+    ``(B, 1 or H, 1, n)``, as :func:`few_keys_forward`."""
+    batch, heads, m, d = q.shape
+    n = k.shape[-2]
+    mq = padded(m)
+    qt = q.new_zeros(batch, heads, d, mq)
+    qt[..., :m] = q.transpose(-1, -2)
+    bias = bias.contiguous()
+    y = q.new_empty(batch, m, heads, d).transpose(1, 2)
+    row_max, row_sum = q.new_empty(2, batch, heads, m)
+    status = library().landmarks_few_queries_attend_f32(
+        qt.data_ptr(), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v), bias.data_ptr(), bias.shape[1],
+        y.data_ptr(), _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, m, mq, n, d, scale,
+        torch.get_num_threads())
+    if status:
+        raise ValueError(f"landmarks_cpu: m={m} (padded {mq}) or d={d} is not supported by the few-queries kernel")
+    return y, row_max, row_sum
+
+
+FORWARDS = {"few_keys": few_keys_forward, "few_queries": few_queries_forward}
+
+
+class LandmarkAttention(torch.autograd.Function):
+    """``softmax(scale · Q Kᵀ + bias) V`` by the kernel ``kind``; backward is ATen's flash-attention backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, scale: float):
-        y, lse = few_keys_forward(q, k, v, bias, scale, with_lse=any(ctx.needs_input_grad[:3]))
+    def forward(ctx, q, k, v, bias, scale: float, kind: str):
+        y, row_max, row_sum = FORWARDS[kind](q, k, v, bias, scale)
+        lse = row_sum.log_().add_(row_max) if any(ctx.needs_input_grad[:3]) else None
         ctx.save_for_backward(q, k, v, bias, y, lse)
         ctx.scale = scale
         return y
@@ -125,14 +163,16 @@ class FewKeysAttention(torch.autograd.Function):
         q, k, v, bias, y, lse = ctx.saved_tensors
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad, q, k, v, y, lse, 0.0, False, attn_mask=bias, scale=ctx.scale)
-        return *grads, None, None
+        return *grads, None, None, None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)`` (default scale ``1/√d``), by the kernel
-    where :func:`applies`; ``key_mask`` bool broadcasting to ``(B, H, 1, m)`` or None."""
-    if not applies(q, k, v, key_mask):
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)`` (default scale ``1/√d``), by a kernel where
+    :func:`kernel_for` names one; ``key_mask`` bool broadcasting to ``(B, H, 1, n_keys)`` or None."""
+    kind = kernel_for(q, k, v, key_mask)
+    if kind is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-    shape = (*q.shape[:2], 1, k.shape[-2])
-    bias = q.new_zeros(shape) if key_mask is None else q.new_zeros(shape).masked_fill_(~key_mask.expand(shape), -torch.inf)
-    return FewKeysAttention.apply(q, k, v, bias, q.shape[-1] ** -0.5)
+    batch, heads = torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    q, k, v = (x.expand(batch, heads, *x.shape[2:]) for x in (q, k, v))
+    bias = _key_bias(key_mask, batch, heads, k.shape[-2], q)
+    return LandmarkAttention.apply(q, k, v, bias, q.shape[-1] ** -0.5, kind)

@@ -1,5 +1,5 @@
-"""`attention.landmarks_cpu`: the few-keys kernel against a dense float64 softmax (values and gradients), the abs
-row sums against float64."""
+"""`attention.landmarks_cpu`: the few-keys and few-queries kernels against a dense float64 softmax (values and
+gradients), the abs row sums against float64."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ def dense(q, k, v, key_mask):
 
 
 def operands(batch, heads, n, m, d, seed=0):
-    """q in the (B, n, H, d) memory of the model's projections, k, v contiguous, a key mask with a sequence
-    (batch 0, head 0) that has no real key and others with some keys masked."""
+    """n queries and m keys, each in the (B, length, H, d) memory of the model's projections; a key mask with a
+    sequence (batch 0, head 0) that has no real key, and others with random keys and a run of 40 keys masked."""
     generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, n, heads, d, generator=generator).transpose(1, 2) * 2
-    k = torch.randn(batch, heads, m, d, generator=generator) * 2
-    v = torch.randn(batch, heads, m, d, generator=generator)
+    q, k, v = (torch.randn(batch, length, heads, d, generator=generator).transpose(1, 2) * scale
+               for length, scale in ((n, 2), (m, 2), (m, 1)))
     key_mask = torch.rand(batch, heads, 1, m, generator=generator) > 0.3
+    key_mask[..., 1:41] = False  # a whole key block of the few-queries kernel when m is large
     key_mask[..., 0] = True
     key_mask[0, 0] = False
     return q, k, v, key_mask
@@ -40,59 +40,68 @@ def tolerances(q, k, v, m, d):
     return tolerance(torch.float32, max(m, d), reductions=2, conditioning=spread, scale=v.abs().amax().item())
 
 
-@pytest.mark.parametrize("m", [1, 3, WIDTH, WIDTH + 1, 64, 128])
+@pytest.mark.parametrize(("n", "m", "kind"), [(37, 1, "few_keys"), (37, 3, "few_keys"), (37, WIDTH, "few_keys"),
+                                              (37, WIDTH + 1, "few_keys"), (37, 64, "few_keys"), (37, 128, "few_keys"),
+                                              (1, 200, "few_queries"), (5, 129, "few_queries"),
+                                              (64, 300, "few_queries"), (128, 150, "few_queries")])
 @pytest.mark.parametrize("d", [WIDTH, 32, 64])
-def test_forward_matches_dense_softmax(m, d):
+def test_forward_matches_dense_softmax(n, m, kind, d):
     if d % WIDTH:
         pytest.skip(f"d={d} is not a multiple of this CPU's vector width {WIDTH}")
-    q, k, v, key_mask = operands(2, 2, 37, m, d)
-    assert landmarks_cpu.applies(q, k, v, key_mask)
+    q, k, v, key_mask = operands(2, 2, n, m, d)
+    assert landmarks_cpu.kernel_for(q, k, v, key_mask) == kind
     y = landmarks_cpu.attend(q, k, v, key_mask)
     assert y.stride() == F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask).stride()
     torch.testing.assert_close(y.double(), dense(q, k, v, key_mask), **tolerances(q, k, v, m, d))
     assert y[0, 0].abs().max() == 0  # no real key: all weights 0
 
 
-@pytest.mark.parametrize("m", [5, 64])
-def test_gradients_match_dense_softmax(m):
+@pytest.mark.parametrize(("n", "m"), [(19, 5), (19, 64), (7, 150)])
+def test_gradients_match_dense_softmax(n, m):
     d = 32 if 32 % WIDTH == 0 else WIDTH
-    q, k, v, key_mask = operands(2, 2, 19, m, d, seed=1)
-    grad = torch.randn(2, 2, 19, d, generator=torch.Generator().manual_seed(2))
+    q, k, v, key_mask = operands(2, 2, n, m, d, seed=1)
+    assert landmarks_cpu.kernel_for(q, k, v, key_mask) is not None
+    grad = torch.randn(2, 2, n, d, generator=torch.Generator().manual_seed(2))
     inputs = [x.clone().requires_grad_() for x in (q, k, v)]
     landmarks_cpu.attend(*inputs, key_mask).backward(grad)
     reference = [x.double().requires_grad_() for x in (q, k, v)]
     dense(*reference, key_mask).backward(grad.double())
-    limits = tolerance(torch.float32, max(m, d, 19), reductions=3, conditioning=40.0,
+    limits = tolerance(torch.float32, max(m, d, n), reductions=3, conditioning=40.0,
                        scale=max(x.grad.abs().amax().item() for x in reference))
     for name, ours, theirs in zip("qkv", inputs, reference):
         torch.testing.assert_close(ours.grad.double(), theirs.grad, **limits, msg=lambda text: f"d{name}: {text}")
 
 
-def test_expanded_values_and_no_mask():
-    """Values broadcast over the batch (Proxyformer's landmarks are (1, H, m, d) before the first layer) and no mask."""
+@pytest.mark.parametrize(("n", "m"), [(11, 20), (20, 300)])
+def test_broadcast_operands_and_no_mask(n, m):
+    """Operands broadcast over the batch (one side's landmarks are (1, H, m, d)), no mask; gradients summed back."""
     d = 32 if 32 % WIDTH == 0 else WIDTH
-    q, k, v, _ = operands(3, 2, 11, 20, d)
-    v = v[:1].expand(3, -1, -1, -1)
+    q, k, v, _ = operands(3, 2, n, m, d)
+    small = q[:1] if n < m else v[:1]
+    small = small.clone().requires_grad_()
+    q, v = (small.expand(3, -1, -1, -1), v) if n < m else (q, small.expand(3, -1, -1, -1))
     y = landmarks_cpu.attend(q, k, v, None)
-    everything = torch.ones(3, 2, 1, 20, dtype=torch.bool)
-    torch.testing.assert_close(y.double(), dense(q, k, v, everything), **tolerances(q, k, v, 20, d))
+    everything = torch.ones(3, 2, 1, m, dtype=torch.bool)
+    torch.testing.assert_close(y.double(), dense(q, k, v, everything), **tolerances(q, k, v, m, d))
+    y.sum().backward()
+    assert small.grad.shape == small.shape and small.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("case", ["many keys", "float64", "mask per query"])
+@pytest.mark.parametrize("case", ["many queries and keys", "float64", "mask per query"])
 def test_other_operands_take_sdpa(case):
-    """Outside the kernel's domain ``attend`` is SDPA itself (bit for bit)."""
-    m = 129 if case == "many keys" else 8
-    q, k, v, key_mask = operands(1, 2, 9, m, 32)
+    """Outside the kernels' domain ``attend`` is SDPA itself (bit for bit)."""
+    n, m = (129, 130) if case == "many queries and keys" else (9, 8)
+    q, k, v, key_mask = operands(1, 2, n, m, 32)
     if case == "float64":
         q, k, v = q.double(), k.double(), v.double()
     if case == "mask per query":
-        key_mask = key_mask.expand(1, 2, 9, m)
-    assert not landmarks_cpu.applies(q, k, v, key_mask)
+        key_mask = key_mask.expand(1, 2, n, m)
+    assert landmarks_cpu.kernel_for(q, k, v, key_mask) is None
     assert torch.equal(landmarks_cpu.attend(q, k, v, key_mask), F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
 
 
-def test_padded_key_count():
-    assert [landmarks_cpu.padded_keys(m) for m in (1, WIDTH, WIDTH + 1, 64, 128)] == [
+def test_padded_count():
+    assert [landmarks_cpu.padded(m) for m in (1, WIDTH, WIDTH + 1, 64, 128)] == [
         WIDTH, WIDTH, 2 * WIDTH, max(64, WIDTH), 128]
 
 
