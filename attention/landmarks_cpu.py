@@ -13,7 +13,8 @@ softmax attention where one side is a few landmarks.
   flash-attention backward, called with this forward's ``Y`` and ``lse_i = log Σ_j exp(scale · q_i · k_j +
   log M_j)`` (what SDPA saves), so gradients are SDPA's. A row with no real key gives 0 (SDPA's convention).
 
-Both take float32 CPU tensors with contiguous rows outside ``torch.compile`` (ctypes would break the graph);
+Both take float32 CPU tensors with contiguous rows outside ``torch.compile`` (ctypes would break the graph) and
+outside dispatch modes (``FlopCounterMode`` counts the FLOPs of the PyTorch forms, the same products);
 :func:`attend` further a head size that is a multiple of the vector width and a mask that depends on the key
 only (:func:`kernel_for`); anything else runs the PyTorch forms (``x.abs().sum(-1)``, SDPA). Built like the L1
 kernels (:func:`attention.l1_cpu.build`); without a compiler they warn once and the PyTorch forms run.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from attention import l1_cpu
 
@@ -56,10 +58,11 @@ def library() -> ctypes.CDLL | None:
 
 
 def _kernel_takes(*tensors: torch.Tensor) -> bool:
-    """Float32 CPU tensors with contiguous rows, outside ``torch.compile``, and the library built."""
+    """Float32 CPU tensors with contiguous rows, outside ``torch.compile`` and outside a dispatch mode (which
+    cannot see a ctypes call: ``FlopCounterMode`` counts the PyTorch forms), and the library built."""
     return (CPU_KERNEL and all(x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1
                                for x in tensors)
-            and not torch.compiler.is_compiling() and library() is not None)
+            and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode() and library() is not None)
 
 
 def _strides(x: torch.Tensor) -> ctypes.Array:

@@ -22,6 +22,7 @@ import functools
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from attention import l1_cpu
 
@@ -45,8 +46,10 @@ def library() -> ctypes.CDLL | None:
 
 
 def uses_kernel(x: torch.Tensor) -> bool:
+    """CPU float tensors with contiguous rows, outside ``torch.compile`` and dispatch modes (``FlopCounterMode``
+    counts the banded products instead: a ctypes call is invisible to it), and the library built."""
     return (CPU_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.stride(-1) == 1
-            and not torch.compiler.is_compiling() and library() is not None)
+            and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode() and library() is not None)
 
 
 def _ptr(x: torch.Tensor | None) -> int | None:

@@ -226,7 +226,8 @@ def test_bench_train_two_document_task(tmp_path):
 
 def test_bench_profile_prints_forward_and_backward_operators(capsys):
     """``python -m lra.bench profile``: the variant's forward and backward, each with its time, FLOPs and top
-    operators (the CUR forward's SDPA products and pseudo-inverse matmuls among them); one thread by default."""
+    operators (the CUR forward's landmark products, attention.landmarks_cpu's kernels on CPU, and
+    pseudo-inverse matmuls among them; SDPA's backward); one thread by default."""
     torch.set_num_threads(2)
     main(["profile", "--variant", "curformer", "--overrides", "num_landmarks=8", "--n", "32", "--batch", "1",
           "--warmup", "0", "--repeats", "1", "--top", "40", "--device", "cpu", "--softmax"])
@@ -238,7 +239,7 @@ def test_bench_profile_prints_forward_and_backward_operators(capsys):
         "core/curformer[num_landmarks=8] backward"]
     assert all("GFLOP/s" in line for line in phases)
     forward, backward = out.split("core/curformer[num_landmarks=8] n=32 forward")[1].split("backward:")
-    assert "aten::bmm" in forward and "aten::_scaled_dot_product_flash_attention_for_cpu" in forward
+    assert "aten::bmm" in forward and "LandmarkAttention" in forward
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in backward
     with pytest.raises(ValueError, match="not found"):
         main(["profile", "--variant", "no_such_attention", "--device", "cpu"])

@@ -132,3 +132,12 @@ def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
         assert torch.equal(landmarks_cpu.abs_row_sums(q), q.abs().sum(-1))
     finally:
         landmarks_cpu.library.cache_clear()
+
+
+def test_flop_counter_sees_the_products():
+    """Under ``FlopCounterMode`` (which cannot see a ctypes call) the SDPA form runs and is counted."""
+    from lra.bench.common import count_flops
+
+    q, k, v, key_mask = operands(2, 2, 40, 64, 32)
+    assert landmarks_cpu.kernel_for(q, k, v, key_mask) == "few_keys"
+    assert count_flops(lambda: landmarks_cpu.attend(q, k, v, key_mask)) == 2 * 2 * (2 * 40 * 64 * 32) * 2
