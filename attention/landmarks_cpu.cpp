@@ -2,8 +2,8 @@
 // through ctypes; the math is in its docstring):
 // * landmarks_abs_row_sums: sum_e |x_ie| per row (CUR's `abs` selection priorities) in one pass, no |X| tensor;
 // * landmarks_few_keys_attend / landmarks_few_queries_attend: the forward of softmax attention when the keys
-//   (C W of CUR and Nyström, Proxyformer's K1 Y_p) or the queries (R V, Nyström's k3 V, Proxyformer's K2 V) are
-//   at most 128. Per problem p (a (batch, head) pair) and query row i:
+//   (C W of CUR and Nyström) or the queries (R V, Nyström's k3 V) are at most 128 (Proxyformer keeps SDPA: its
+//   training step was slower with them, docs/bench.md). Per problem p (a (batch, head) pair) and query row i:
 //     s_ij = scale * q_i . k_j + bias_j,   y_i = sum_j exp(s_ij - max_j s_ij) v_j / sum_j exp(s_ij - max_j s_ij)
 //   with bias 0 or -inf per key. They write max_j s_ij and sum_j exp(s_ij - max) per row, from which the caller
 //   forms lse = max + log(sum) where backward needs it; a row whose keys are all masked gets y_i = 0, max 0 and

@@ -31,8 +31,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import landmarks_cpu
-
 DROPOUT_MODES = ("none", "k1", "k2", "decomposed")
 
 
@@ -46,11 +44,10 @@ def landmark_contrastive_loss(landmarks: torch.Tensor, tau: float) -> torch.Tens
 
 def inject_input(proxies: torch.Tensor, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
     """Eq. 11: ``P + softmax(P Xᵀ/√d) X`` over real tokens; ``proxies`` ``(B, m, d)``, ``x`` ``(B, n, d)``,
-    ``key_mask`` bool ``(B, n)`` -> ``(B, m, d)``. Called with one head, 4-D, so that a fused kernel runs (3-D
-    inputs take PyTorch's math path, which forms the m × n weights): on CPU the few-queries kernel of
-    :mod:`attention.landmarks_cpu`, else SDPA."""
+    ``key_mask`` bool ``(B, n)`` -> ``(B, m, d)``. Called with one head, 4-D, so that the fused kernel runs (3-D
+    inputs take PyTorch's math path, which forms the m × n weights)."""
     mask = key_mask[:, None, None, :]  # (B, 1, 1, n)
-    return proxies + landmarks_cpu.attend(proxies[:, None], x[:, None], x[:, None], mask)[:, 0]
+    return proxies + F.scaled_dot_product_attention(proxies[:, None], x[:, None], x[:, None], attn_mask=mask)[:, 0]
 
 
 class DecomposedDropout(nn.Module):
@@ -104,8 +101,7 @@ class ProxyAttention(nn.Module):
 
     Both products are fused softmax-attention calls (``F.scaled_dot_product_attention``, on CPU PyTorch's
     flash kernel): ``Y_p = SDPA(L, K, V, pad mask)``, ``Y_x = SDPA(Q, L, Y_p)``, so neither K₁ nor K₂ is
-    stored, and the backward recomputes them block by block; on CPU their forwards (m ≤ 128 landmarks on one
-    side) are :mod:`attention.landmarks_cpu`'s kernels. Decomposed dropout rides on ``V``
+    stored, and the backward recomputes them block by block. Decomposed dropout rides on ``V``
     (``DecomposedDropout.drop_keys``); only element dropout (``k1`` / ``k2`` while training) forms its matrix.
     """
 
@@ -159,9 +155,10 @@ class ProxyAttention(nn.Module):
         """``softmax(query keyᵀ/√d + mask) value`` with ``query`` ``(B, H, r, d)``, ``key, value`` ``(B, H, c, d)``,
         bool ``mask`` broadcasting to ``(B, H, r, c)`` (True = attend) or None -> ``(B, H, r, d)``. Fused unless
         element dropout on ``matrix`` (``"k1"`` for K₁, ``"k2"`` for K₂) is active, which needs the weights."""
-        if not self.dropout.drops(matrix):  # on CPU a kernel of attention.landmarks_cpu (m landmarks on one side)
-            return landmarks_cpu.attend(query, key, value, mask)
-        scores = (query / math.sqrt(self.head_dim)) @ key.transpose(-1, -2)  # (B, H, r, c), fresh: masked in place
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if not self.dropout.drops(matrix):
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        scores = (query * scale) @ key.transpose(-1, -2)  # (B, H, r, c), a fresh tensor: masked in place
         if mask is not None:
             scores.masked_fill_(~mask, float("-inf"))
         return self.dropout.elements(torch.softmax(scores, dim=-1)) @ value
