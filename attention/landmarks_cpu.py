@@ -60,9 +60,9 @@ def library() -> ctypes.CDLL | None:
 def _kernel_takes(*tensors: torch.Tensor) -> bool:
     """Float32 CPU tensors with contiguous rows, outside ``torch.compile`` and outside a dispatch mode (which
     cannot see a ctypes call: ``FlopCounterMode`` counts the PyTorch forms), and the library built."""
-    return (CPU_KERNEL and all(x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1
-                               for x in tensors)
-            and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode() and library() is not None)
+    return (CPU_KERNEL and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode()
+            and all(x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1 for x in tensors)
+            and library() is not None)
 
 
 def _strides(x: torch.Tensor) -> ctypes.Array:
@@ -90,8 +90,8 @@ def padded(m: int) -> int:
 def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> str | None:
     """``"few_keys"`` (≤ 128 keys), ``"few_queries"`` (≤ 128 queries) or None (SDPA) for these ``(B, H, ·, d)``
     operands (see the module docstring)."""
-    if not (q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] % (l1_cpu.vector_bytes() // 4) == 0
-            and (key_mask is None or key_mask.shape[-2] == 1) and k.dtype == torch.float32 and _kernel_takes(q, k, v)):
+    if not (_kernel_takes(q, k, v) and q.shape[-1] == k.shape[-1] == v.shape[-1]  # first: nothing else under compile
+            and q.shape[-1] % (l1_cpu.vector_bytes() // 4) == 0 and (key_mask is None or key_mask.shape[-2] == 1)):
         return None
     if k.shape[-2] <= MAX_KEYS:
         return "few_keys"
