@@ -7,11 +7,11 @@ softmax attention where one side is a few landmarks.
   or the queries are at most 128: *few keys* (CUR's and Nyström's ``C W``): a query row's logits stay in
   registers; *few queries* (``R V``, Nyström's ``k₃ V``): logits are vectors over the queries, the softmax over
   keys runs online over blocks of 32 keys (flash attention's running maxima and sums), and blocks whose keys
-  are all padding are skipped. (Proxyformer keeps SDPA: its training step was 0.95× with these kernels.) Neither writes the
-  ``n × m`` weights; ATen's flash kernel (``F.scaled_dot_product_attention`` on CPU) computes the same by
-  GEMM calls on blocks and writes the blocks in between, and computes padding keys. Backward is ATen's
-  flash-attention backward, called with this forward's ``Y`` and ``lse_i = log Σ_j exp(scale · q_i · k_j +
-  log M_j)`` (what SDPA saves), so gradients are SDPA's. A row with no real key gives 0 (SDPA's convention).
+  are all padding are skipped. (Proxyformer keeps SDPA: its training step was 0.95× with these kernels.)
+  Neither writes the ``n × m`` weights; ATen's flash kernel (``F.scaled_dot_product_attention`` on CPU) computes
+  the same by GEMM calls on blocks and writes the blocks in between, and computes padding keys. Backward is
+  ATen's flash-attention backward, called with this forward's ``Y`` and ``lse_i = log Σ_j exp(scale · q_i · k_j
+  + log M_j)`` (what SDPA saves), so gradients are SDPA's. A row with no real key gives 0 (SDPA's convention).
 
 Both take float32 CPU tensors with contiguous rows outside ``torch.compile`` (ctypes would break the graph) and
 outside dispatch modes (``FlopCounterMode`` counts the FLOPs of the PyTorch forms, the same products);
@@ -50,8 +50,8 @@ def library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.landmarks_few_keys_attend_f32.argtypes = [ptr] * 10 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
     lib.landmarks_few_keys_attend_f32.restype = ctypes.c_int
-    lib.landmarks_few_queries_attend_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr] + [i64] * 6 + [
-        ctypes.c_float, ctypes.c_int]
+    lib.landmarks_few_queries_attend_f32.argtypes = [ptr] * 6 + [i64] + [ptr] * 4 + [i64] * 6 + [ctypes.c_float,
+                                                                                               ctypes.c_int]
     lib.landmarks_few_queries_attend_f32.restype = ctypes.c_int
     lib.landmarks_abs_row_sums_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
     return lib
@@ -80,10 +80,15 @@ def abs_row_sums(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def vector_floats() -> int:
+    """Floats per vector of the instruction set the kernels are compiled for: ``d`` must be a multiple of it."""
+    return l1_cpu.vector_bytes() // 4
+
+
 def padded(m: int) -> int:
-    """The kernels' padded count for ``m`` keys (few keys) or queries (few queries): the vector width (in floats)
-    times the next power of two."""
-    width = l1_cpu.vector_bytes() // 4
+    """The kernels' padded count for ``m`` keys (few keys) or queries (few queries): :func:`vector_floats` times
+    the next power of two."""
+    width = vector_floats()
     return width * (1 << max(0, (m - 1) // width).bit_length())
 
 
@@ -91,7 +96,7 @@ def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torc
     """``"few_keys"`` (≤ 128 keys), ``"few_queries"`` (≤ 128 queries) or None (SDPA) for these ``(B, H, ·, d)``
     operands (see the module docstring)."""
     if not (_kernel_takes(q, k, v) and q.shape[-1] == k.shape[-1] == v.shape[-1]  # first: nothing else under compile
-            and q.shape[-1] % (l1_cpu.vector_bytes() // 4) == 0 and (key_mask is None or key_mask.shape[-2] == 1)):
+            and q.shape[-1] % vector_floats() == 0 and (key_mask is None or key_mask.shape[-2] == 1)):
         return None
     if k.shape[-2] <= MAX_KEYS:
         return "few_keys"

@@ -121,8 +121,8 @@ class SoftmaxScore(nn.Module):
         On CPU one fused call of ``scaled_dot_product_attention`` (its flash kernel: blocks of the ``a × b``
         logits stay in cache, the weights are never stored, backward recomputes them), whose boolean mask
         gives masked keys exactly 0 and a row without any real key all 0, as :func:`masked_softmax` does;
-        with few keys (``b`` ≤ 128: CUR's and Nyström's ``C W``) its forward is :mod:`attention.landmarks_cpu`'s
-        kernel, which does the same with the row's logits in registers. Other devices multiply the weights of
+        with few keys or few queries (≤ 128: CUR's and Nyström's ``C W`` and ``R V``) its forward is a kernel of
+        :mod:`attention.landmarks_cpu`, which never writes the weights either. Other devices multiply the weights of
         :meth:`forward`, as before (SDPA's GPU backends were not checked here on rows without a real key).
         """
         if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):

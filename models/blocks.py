@@ -44,13 +44,17 @@ class MultiHeadAttention(nn.Module):
         y = self.attend(q, k, v, key_mask)  # (B, H, n, head_dim)
         return self.out_proj(y.transpose(1, 2).flatten(2))
 
+    def identity_values(self, q: torch.Tensor) -> torch.Tensor:
+        """``V = I`` ``(B, H, n, n)`` for queries ``q`` ``(B, H, n, ·)``: ``attend(q, k, V)`` is then the attention
+        matrix itself (what :meth:`attention_matrix` returns)."""
+        batch, heads, n, _ = q.shape
+        return torch.eye(n, dtype=q.dtype, device=q.device).expand(batch, heads, n, n).contiguous()
+
     def attention_matrix(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The effective attention ``(B, H, n, n)`` this layer applies to the values of ``x`` ``(B, n, d_model)``:
         ``attend`` with ``V = I`` (so CUR's ``C U⁺ R``, not a softmax it approximates). For diagnostics."""
-        batch, n = key_mask.shape
         q, k = (self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj))
-        identity = torch.eye(n, dtype=q.dtype, device=q.device).expand(batch, self.num_heads, n, n).contiguous()
-        return self.attend(q, k, identity, key_mask)
+        return self.attend(q, k, self.identity_values(q), key_mask)
 
 
 class TransformerBlock(nn.Module):

@@ -53,11 +53,9 @@ class ProxyMultiHeadAttention(MultiHeadAttention):
         input rows over the input tokens (``attend`` with ``V = I``); the proxy rows are left out."""
         m = self.attend.num_proxies
         proxies, tokens = x.split([m, x.shape[1] - m], dim=1)
-        n = tokens.shape[1]
         landmarks = self.split_heads(self.landmark_proj(proxies))
         q, k = (self.split_heads(proj(tokens)) for proj in (self.q_proj, self.k_proj))
-        identity = torch.eye(n, dtype=q.dtype, device=q.device).expand(x.shape[0], self.num_heads, n, n).contiguous()
-        return self.attend(q, k, identity, key_mask[:, m:], landmarks)[:, :, m:]
+        return self.attend(q, k, self.identity_values(q), key_mask[:, m:], landmarks)[:, :, m:]
 
 
 class ProxyBlock(TransformerBlock):
