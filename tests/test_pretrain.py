@@ -189,6 +189,8 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {run_dir / 'pretrain' / 'checkpoints'}" in resumed.stdout and "(step 3)" in resumed.stdout
+    # Its bar counts the 3 restored batches of the 4-batch epoch in its total, not only the 3 steps left
+    assert "3/4 [" in resumed.stdout and "3/3 [" not in resumed.stdout
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "completed" and record["pretrain_steps"] == 6 and record["steps"] == 4
 
