@@ -18,8 +18,8 @@ seeded generator, regenerated in backward (``δ`` is unchanged: ``Σ_j P_ij dP_i
 
 Build: ``l1_cpu.cpp`` is compiled on first use with the system C++ compiler (``$CXX``, else ``c++``;
 -O3, the SIMD flags of ``torch.backends.cpu.get_cpu_capability()`` and the matching vector size) into
-``$LRA_KERNEL_CACHE`` (default ``~/.cache/lra-attention``), keyed by a hash of the source and the
-flags, and loaded with ``ctypes`` (no PyTorch headers: about a second of compiler time). Without a
+``$LRA_KERNEL_CACHE`` (default ``~/.cache/lra-attention``), keyed by a hash of the source, the headers
+it includes and the flags, and loaded with ``ctypes`` (no PyTorch headers: about a second of compiler time). Without a
 compiler it raises; there is no silent fallback on CPU. Other devices use the PyTorch path of
 :mod:`attention.scores`.
 """
@@ -31,6 +31,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import warnings
@@ -63,9 +64,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lra-attention"
 
 
+def local_headers(source: Path) -> list[Path]:
+    """The headers beside ``source`` that it includes (``#include "name.h"``; one level, headers include none):
+    :func:`build` hashes them with the source, so an edited header never loads a library built before it."""
+    names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', source.read_text(), flags=re.MULTILINE)
+    return [source.with_name(name) for name in names]
+
+
 def build(compiler: str | None = None, source: Path = SOURCE) -> Path:
-    """Compile ``source`` (``l1_cpu.cpp``; also ``seqconv_cpu.cpp`` and ``landmarks_cpu.cpp``) once per source,
-    flags and compiler, and return the shared library's path."""
+    """Compile ``source`` (``l1_cpu.cpp``; also ``seqconv_cpu.cpp`` and the ``landmarks_*cpu.cpp``) once per
+    source, the headers it includes (:func:`local_headers`), flags and compiler, and return the library's path."""
     compiler = compiler or os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise RuntimeError(
@@ -74,7 +82,8 @@ def build(compiler: str | None = None, source: Path = SOURCE) -> Path:
         )
     simd_flags, width = simd()
     flags = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", *simd_flags, f"-DLRA_VECTOR_BYTES={width}"]
-    key = hashlib.sha256(source.read_bytes() + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+    text = b"".join(path.read_bytes() for path in [source, *local_headers(source)])
+    key = hashlib.sha256(text + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     path = cache_dir() / f"{source.stem}-{key}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

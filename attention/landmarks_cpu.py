@@ -9,11 +9,15 @@ softmax attention where one side is a few landmarks.
   keys runs online over blocks of 32 keys (flash attention's running maxima and sums), and blocks whose keys
   are all padding are skipped. (Proxyformer keeps SDPA: its training step was 0.95× with these kernels.)
   Neither writes the ``n × m`` weights; ATen's flash kernel (``F.scaled_dot_product_attention`` on CPU) computes
-  the same by GEMM calls on blocks and writes the blocks in between, and computes padding keys. Backward is
-  ATen's flash-attention backward, called with this forward's ``Y`` and ``lse_i = log Σ_j exp(scale · q_i · k_j
-  + log M_j)`` (what SDPA saves), so gradients are SDPA's. A row with no real key gives 0 (SDPA's convention).
+  the same by GEMM calls on blocks and writes the blocks in between, and computes padding keys. A row with no
+  real key gives 0 (SDPA's convention).
+* Backward (``landmarks_backward_cpu.cpp``): flash attention's backward from this forward's ``Y`` and
+  ``lse_i = log Σ_j exp(scale · q_i · k_j + log M_j)``, ``dS = P ⊙ (dY Vᵀ − rowsum(dY ⊙ Y))``, ``dQ = scale · dS K``,
+  ``dK = scale · dSᵀ Q``, ``dV = Pᵀ dY``, with the weights recomputed a tile at a time; the few side's sums stay in
+  cache and every gradient is written once in the layout of its operand (ATen's flash backward, which runs
+  where this one cannot, returns them in SDPA's memory, so copies follow, and zero-fills its buffers).
 
-Both take float32 CPU tensors with contiguous rows outside ``torch.compile`` (ctypes would break the graph) and
+All take float32 CPU tensors with contiguous rows outside ``torch.compile`` (ctypes would break the graph) and
 outside dispatch modes (``FlopCounterMode`` counts the FLOPs of the PyTorch forms, the same products);
 :func:`attend` further a head size that is a multiple of the vector width and a mask that depends on the key
 only (:func:`kernel_for`); anything else runs the PyTorch forms (``x.abs().sum(-1)``, SDPA). Built like the L1
@@ -34,6 +38,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from attention import l1_cpu
 
 SOURCE = Path(__file__).with_name("landmarks_cpu.cpp")
+BACKWARD_SOURCE = Path(__file__).with_name("landmarks_backward_cpu.cpp")
 CPU_KERNEL = True  # False runs the PyTorch forms (tests and benchmarks compare the two)
 MAX_KEYS = 128
 
@@ -54,6 +59,25 @@ def library() -> ctypes.CDLL | None:
                                                                                                ctypes.c_int]
     lib.landmarks_few_queries_attend_f32.restype = ctypes.c_int
     lib.landmarks_abs_row_sums_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def backward_library() -> ctypes.CDLL | None:
+    """``landmarks_backward_cpu.cpp`` built like :func:`library`, or None (with a warning: ATen's flash backward
+    runs instead)."""
+    lib = l1_cpu.load_or_warn(BACKWARD_SOURCE, "landmark attention's backward runs ATen's flash backward")
+    if lib is None:
+        return None
+    if lib.landmarks_backward_vector_bytes() != l1_cpu.vector_bytes():
+        raise RuntimeError(f"{BACKWARD_SOURCE.name} was compiled for {lib.landmarks_backward_vector_bytes()}-byte "
+                           f"vectors, expected {l1_cpu.vector_bytes()}")
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.landmarks_few_keys_backward_f32.argtypes = [ptr] * 15 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
+    lib.landmarks_few_keys_backward_f32.restype = ctypes.c_int
+    lib.landmarks_few_queries_backward_f32.argtypes = ([ptr] * 11 + [i64] + [ptr] * 5 + [i64] * 6
+                                                       + [ctypes.c_float, ctypes.c_int])
+    lib.landmarks_few_queries_backward_f32.restype = ctypes.c_int
     return lib
 
 
@@ -111,16 +135,27 @@ def _key_bias(key_mask: torch.Tensor | None, batch: int, heads: int, n: int, lik
     return like.new_zeros(mask.shape).masked_fill_(~mask, -torch.inf)
 
 
+def _transposed(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` ``(B, H, r, d)`` transposed to ``(B, H, d, width)``, zero past its ``r`` columns (the kernels' few side)."""
+    out = x.new_zeros(*x.shape[:2], x.shape[-1], width)
+    out[..., : x.shape[-2]] = x.transpose(-1, -2)
+    return out
+
+
+def _padded_bias(bias: torch.Tensor, batch: int, heads: int, m: int, width: int) -> torch.Tensor:
+    """``bias`` ``(B, 1 or H, 1, m)`` of the few keys as ``(B, H, width)``, −inf past the ``m`` keys."""
+    out = bias.new_full((batch, heads, width), -torch.inf)
+    out[..., :m] = bias.expand(batch, heads, 1, m)[:, :, 0]
+    return out
+
+
 def few_keys_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(Y, row max, row sum)`` of ``q`` ``(B, H, n, d)`` against ``k, v`` ``(B, H, m, d)``, m ≤ 128, and ``bias``
     ``(B, 1 or H, 1, m)``: ``Y`` in SDPA's ``(B, n, H, d)`` memory, ``lse = max + log(sum)``."""
     batch, heads, n, d = q.shape
     m = k.shape[-2]
     mp = padded(m)
-    kt = q.new_zeros(batch, heads, d, mp)
-    kt[..., :m] = k.transpose(-1, -2)
-    padded_bias = q.new_full((batch, heads, mp), -torch.inf)
-    padded_bias[..., :m] = bias.expand(batch, heads, 1, m)[:, :, 0]
+    kt, padded_bias = _transposed(k, mp), _padded_bias(bias, batch, heads, m, mp)
     y = q.new_empty(batch, n, heads, d).transpose(1, 2)
     row_max, row_sum = q.new_empty(2, batch, heads, n)
     status = library().landmarks_few_keys_attend_f32(
@@ -137,8 +172,7 @@ def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torc
     batch, heads, m, d = q.shape
     n = k.shape[-2]
     mq = padded(m)
-    qt = q.new_zeros(batch, heads, d, mq)
-    qt[..., :m] = q.transpose(-1, -2)
+    qt = _transposed(q, mq)
     bias = bias.contiguous()
     y = q.new_empty(batch, m, heads, d).transpose(1, 2)
     row_max, row_sum = q.new_empty(2, batch, heads, m)
@@ -151,26 +185,71 @@ def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torc
     return y, row_max, row_sum
 
 
+def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dQ, dK, dV)`` of :func:`few_keys_forward` from the gradient ``grad`` of ``y`` and its ``lse``
+    ``(B, H, n)``, each contiguous (``landmarks_backward_cpu.cpp`` has the equations)."""
+    batch, heads, n, d = q.shape
+    m = k.shape[-2]
+    mp = padded(m)
+    kt, vt, k_rows = _transposed(k, mp), _transposed(v, mp), k.contiguous()  # held: ctypes keeps no reference
+    padded_bias = _padded_bias(bias, batch, heads, m, mp)
+    dq, (dk, dv) = q.new_empty(q.shape), q.new_empty(2, batch, heads, m, d)
+    status = backward_library().landmarks_few_keys_backward_f32(
+        q.data_ptr(), _strides(q), grad.data_ptr(), _strides(grad), y.data_ptr(), _strides(y), lse.data_ptr(),
+        kt.data_ptr(), vt.data_ptr(), k_rows.data_ptr(), padded_bias.data_ptr(), dq.data_ptr(), _strides(dq),
+        dk.data_ptr(), dv.data_ptr(), batch, heads, n, m, mp, d, scale, torch.get_num_threads())
+    if status:
+        raise ValueError(f"landmarks_cpu: m={m} (padded {mp}) or d={d} is not supported by the few-keys backward")
+    return dq, dk, dv
+
+
+def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dQ, dK, dV)`` of :func:`few_queries_forward`, as :func:`few_keys_backward`."""
+    batch, heads, m, d = q.shape
+    n = k.shape[-2]
+    mq = padded(m)
+    neg_lse, delta = q.new_full((batch, heads, mq), -torch.inf), q.new_zeros(batch, heads, mq)
+    neg_lse[..., :m] = -lse
+    delta[..., :m] = (grad * y).sum(-1)
+    bias, qt, dyt = bias.contiguous(), _transposed(q, mq), _transposed(grad, mq)  # held: ctypes keeps no reference
+    q_rows, grad_rows = q.contiguous(), grad.contiguous()
+    dq, (dk, dv) = q.new_empty(q.shape), q.new_empty(2, batch, heads, n, d)
+    status = backward_library().landmarks_few_queries_backward_f32(
+        qt.data_ptr(), dyt.data_ptr(), q_rows.data_ptr(), grad_rows.data_ptr(), neg_lse.data_ptr(),
+        delta.data_ptr(), k.data_ptr(), _strides(k),
+        v.data_ptr(), _strides(v), bias.data_ptr(), bias.shape[1], dq.data_ptr(), dk.data_ptr(), _strides(dk),
+        dv.data_ptr(), _strides(dv), batch, heads, m, mq, n, d, scale, torch.get_num_threads())
+    if status:
+        raise ValueError(f"landmarks_cpu: m={m} (padded {mq}) or d={d} is not supported by the few-queries backward")
+    return dq, dk, dv
+
+
 FORWARDS = {"few_keys": few_keys_forward, "few_queries": few_queries_forward}
+BACKWARDS = {"few_keys": few_keys_backward, "few_queries": few_queries_backward}
 
 
 class LandmarkAttention(torch.autograd.Function):
-    """``softmax(scale · Q Kᵀ + bias) V`` by the kernel ``kind``; backward is ATen's flash-attention backward."""
+    """``softmax(scale · Q Kᵀ + bias) V`` by the kernel ``kind``; backward by its backward kernel, or ATen's
+    flash-attention backward where that does not apply (no compiler, a dispatch mode)."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, scale: float, kind: str):
         y, row_max, row_sum = FORWARDS[kind](q, k, v, bias, scale)
         lse = row_sum.log_().add_(row_max) if any(ctx.needs_input_grad[:3]) else None
         ctx.save_for_backward(q, k, v, bias, y, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.kind = scale, kind
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         q, k, v, bias, y, lse = ctx.saved_tensors
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, q, k, v, y, lse, 0.0, False, attn_mask=bias, scale=ctx.scale)
+        grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # e.g. the expanded gradient of a sum
+        if _kernel_takes(grad) and backward_library() is not None:
+            grads = BACKWARDS[ctx.kind](grad, q, k, v, bias, y, lse, ctx.scale)
+        else:
+            grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, q, k, v, y, lse, 0.0, False, attn_mask=bias, scale=ctx.scale)
         return *grads, None, None, None
 
 

@@ -4,6 +4,8 @@ The CPU path (compiled kernels of ``attention/l1_cpu.cpp``, flash-style chunks) 
 other devices (``attention.scores.CPU_KERNEL = False`` runs it on CPU) are both checked.
 """
 
+import ctypes
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -239,6 +241,19 @@ def test_kernels_reject_mixed_dtypes():
 def test_missing_compiler_is_a_clear_error():
     with pytest.raises(RuntimeError, match="C\\+\\+ compiler 'no-such-c\\+\\+' was not found"):
         l1_cpu.build(compiler="no-such-c++")
+
+
+def test_an_edited_header_builds_a_new_library(monkeypatch, tmp_path):
+    """``build`` hashes the headers a source includes: a library built before a header edit is never loaded."""
+    monkeypatch.setenv("LRA_KERNEL_CACHE", str(tmp_path / "cache"))
+    source, header = tmp_path / "answer.cpp", tmp_path / "answer.h"
+    source.write_text('#include "answer.h"\nextern "C" int answer() { return ANSWER; }\n')
+    header.write_text("#define ANSWER 41\n")
+    assert l1_cpu.local_headers(source) == [header]
+    before = l1_cpu.build(source=source)
+    header.write_text("#define ANSWER 42\n")
+    after = l1_cpu.build(source=source)
+    assert after != before and ctypes.CDLL(str(after)).answer() == 42
 
 
 def test_padding_invariance(path):

@@ -1,5 +1,5 @@
-"""`attention.landmarks_cpu`: the few-keys and few-queries kernels against a dense float64 softmax (values and
-gradients), the abs row sums against float64."""
+"""`attention.landmarks_cpu`: the few-keys and few-queries kernels and their backward kernels against a dense
+float64 softmax (values and gradients), the abs row sums against float64."""
 
 from __future__ import annotations
 
@@ -56,14 +56,37 @@ def test_forward_matches_dense_softmax(n, m, kind, d):
     assert y[0, 0].abs().max() == 0  # no real key: all weights 0
 
 
-@pytest.mark.parametrize(("n", "m", "kind"), [(19, 5, "few_keys"), (19, 64, "few_keys"), (7, 150, "few_queries")])
-def test_gradients_match_dense_softmax(n, m, kind):
-    d = 32 if 32 % WIDTH == 0 else WIDTH
+def backward_kernels_run(monkeypatch) -> list[str]:
+    """The kinds of the backward kernels that run from now on (each call appends its kind)."""
+    calls = []
+    for kind, backward in list(landmarks_cpu.BACKWARDS.items()):
+        def spy(*args, kind=kind, backward=backward):
+            calls.append(kind)
+            return backward(*args)
+        monkeypatch.setitem(landmarks_cpu.BACKWARDS, kind, spy)
+    return calls
+
+
+@pytest.mark.parametrize(("n", "m", "kind"), [(19, 1, "few_keys"), (19, 5, "few_keys"), (45, 64, "few_keys"),
+                                              (19, 128, "few_keys"), (1, 150, "few_queries"),
+                                              (7, 150, "few_queries"), (64, 200, "few_queries"),
+                                              (128, 300, "few_queries")])
+@pytest.mark.parametrize("d", [WIDTH, 32, 64])
+@pytest.mark.parametrize("kernel", [True, False], ids=["backward kernel", "ATen flash backward"])
+def test_gradients_match_dense_softmax(n, m, kind, d, kernel, monkeypatch):
+    """Gradients of the backward kernels (and of ATen's flash backward, which runs without them) against float64
+    autograd, with the gradient in the (B, n, H, d) memory SDPA's output has."""
+    if d % WIDTH:
+        pytest.skip(f"d={d} is not a multiple of this CPU's vector width {WIDTH}")
     q, k, v, key_mask = operands(2, 2, n, m, d, seed=1)
     assert landmarks_cpu.kernel_for(q, k, v, key_mask) == kind
-    grad = torch.randn(2, 2, n, d, generator=torch.Generator().manual_seed(2))
+    if not kernel:
+        monkeypatch.setattr(landmarks_cpu, "backward_library", lambda: None)
+    calls = backward_kernels_run(monkeypatch)
+    grad = torch.randn(2, n, 2, d, generator=torch.Generator().manual_seed(2)).transpose(1, 2)
     inputs = [x.clone().requires_grad_() for x in (q, k, v)]
     landmarks_cpu.attend(*inputs, key_mask).backward(grad)
+    assert calls == ([kind] if kernel else [])
     reference = [x.double().requires_grad_() for x in (q, k, v)]
     dense(*reference, key_mask).backward(grad.double())
     limits = tolerance(torch.float32, max(m, d, n), reductions=3, conditioning=40.0,
@@ -83,8 +106,13 @@ def test_broadcast_operands_and_no_mask(n, m):
     y = landmarks_cpu.attend(q, k, v, None)
     everything = torch.ones(3, 2, 1, m, dtype=torch.bool)
     torch.testing.assert_close(y.double(), dense(q, k, v, everything), **tolerances(q, k, v, m, d))
-    y.sum().backward()
-    assert small.grad.shape == small.shape and small.grad.abs().sum() > 0
+    y.sum().backward()  # an expanded (stride 0) gradient, made contiguous for the backward kernel
+    reference = small.detach().double().requires_grad_()
+    q, v = (reference.expand(3, -1, -1, -1), v) if n < m else (q, reference.expand(3, -1, -1, -1))
+    dense(q, k, v, everything).sum().backward()
+    limits = tolerance(torch.float32, max(m, d, n), reductions=3, conditioning=40.0,
+                       scale=reference.grad.abs().amax().item())
+    torch.testing.assert_close(small.grad.double(), reference.grad, **limits)
 
 
 @pytest.mark.parametrize("case", ["many queries and keys", "float64", "mask per query"])

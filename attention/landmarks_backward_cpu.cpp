@@ -1,0 +1,314 @@
+// Backward of the landmark attention kernels of landmarks_cpu.cpp, float32, built and called by
+// attention/landmarks_cpu.py (plain C ABI through ctypes). Per problem p (a (batch, head) pair), with the
+// forward's weights P_ij = exp(s_ij - lse_i), s_ij = scale * q_i . k_j + bias_j, and dY the gradient of Y:
+//   D_i = dY_i . Y_i,   dS_ij = scale * P_ij (dY_i . v_j - D_i)
+//   dQ_i = sum_j dS_ij k_j,   dK_j = sum_i dS_ij q_i,   dV_j = sum_i P_ij dY_i
+// (flash attention's backward, Dao et al. 2022, Alg. 4, whose result ATen's flash backward also gives). The
+// weights are recomputed from lse, never stored whole: a tile of rows (few keys) or a block of keys (few
+// queries) at a time, and every gradient is written once, in the layout its operand came in (no copies,
+// no zero-filled n x d buffers). A row without a real key has lse = 0 and all weights 0, so its gradients
+// are 0. Problems run in parallel (one thread per problem at a time).
+// * few keys (m <= 128 keys, CUR's and Nyström's C W): the m x d sums dK and dV stay in cache over all rows;
+// * few queries (m <= 128 queries, R V and Nyström's k3 V): dQ (m x d) stays in cache, dK and dV rows are
+//   written per key block; blocks whose keys are all padding get zero gradients without any arithmetic.
+#include "landmarks_cpu.h"
+
+namespace {
+
+using namespace landmarks;
+
+constexpr int kColumns = 2;                     // column vectors per register tile of the gradient sums
+constexpr int kTileRows = kBytes == 64 ? 4 : 2;  // rows (keys) per register tile: 2 x rows x kColumns held
+
+// out_j[c..] += sum_{t < count} a[t * a_stride + j] * x_t[c..] for j < m (rows x_t x_row floats apart, rows
+// out_j d floats apart), and with Two the same for (b, z, acc) (z_t z_row apart) in the same loop: Rows rows
+// x_t (and z_t) times Columns vectors stay in registers (compile-time counts, so that they are registers), and
+// each out row is loaded and stored once per tile.
+template <bool Two, int Rows, int Columns>
+void add_outer_tile(const float* a, const float* x, float* out, const float* b, const float* z, float* acc,
+                    int64_t a_stride, int64_t x_row, int64_t z_row, int64_t m, int64_t d, int64_t c) {
+  vec xs[Rows][Columns], zs[Rows][Columns];
+  for (int t = 0; t < Rows; ++t)
+    for (int u = 0; u < Columns; ++u) {
+      xs[t][u] = load(x + t * x_row + c + u * W);
+      if (Two) zs[t][u] = load(z + t * z_row + c + u * W);
+    }
+  for (int64_t j = 0; j < m; ++j) {
+    vec sum_a[Columns], sum_b[Columns];
+    for (int u = 0; u < Columns; ++u) {
+      sum_a[u] = load(out + j * d + c + u * W);
+      if (Two) sum_b[u] = load(acc + j * d + c + u * W);
+    }
+    for (int t = 0; t < Rows; ++t) {
+      const vec wa = splat(a[t * a_stride + j]);
+      for (int u = 0; u < Columns; ++u) sum_a[u] += wa * xs[t][u];
+      if (Two) {
+        const vec wb = splat(b[t * a_stride + j]);
+        for (int u = 0; u < Columns; ++u) sum_b[u] += wb * zs[t][u];
+      }
+    }
+    for (int u = 0; u < Columns; ++u) {
+      store(out + j * d + c + u * W, sum_a[u]);
+      if (Two) store(acc + j * d + c + u * W, sum_b[u]);
+    }
+  }
+}
+
+template <bool Two, int Rows>
+void add_outer_rows(const float* a, const float* x, float* out, const float* b, const float* z, float* acc,
+                    int64_t a_stride, int64_t x_row, int64_t z_row, int64_t m, int64_t d) {
+  int64_t c = 0;
+  for (; c + kColumns * W <= d; c += kColumns * W)
+    add_outer_tile<Two, Rows, kColumns>(a, x, out, b, z, acc, a_stride, x_row, z_row, m, d, c);
+  for (; c < d; c += W) add_outer_tile<Two, Rows, 1>(a, x, out, b, z, acc, a_stride, x_row, z_row, m, d, c);
+}
+
+template <bool Two>
+void add_outer(const float* a, const float* x, float* out, const float* b, const float* z, float* acc,
+               int64_t a_stride, int64_t x_row, int64_t z_row, int64_t count, int64_t m, int64_t d) {
+  int64_t t = 0;
+  for (; t + kTileRows <= count; t += kTileRows)
+    add_outer_rows<Two, kTileRows>(a + t * a_stride, x + t * x_row, out, Two ? b + t * a_stride : b,
+                                   Two ? z + t * z_row : z, acc, a_stride, x_row, z_row, m, d);
+  for (; t < count; ++t)
+    add_outer_rows<Two, 1>(a + t * a_stride, x + t * x_row, out, Two ? b + t * a_stride : b,
+                           Two ? z + t * z_row : z, acc, a_stride, x_row, z_row, m, d);
+}
+
+// Weights and scaled score gradients of R rows against the MV * W lanes of the few side (few keys: query rows
+// against keys; few queries: key rows against queries), with ft, gt the few side's operands transposed (d x
+// MV * W, zero past its m real lanes) and x, g the rows' (q and dY, or k and v):
+//   logit = x_r . ft[:, u],   P = exp(scale * logit + row_add_r + lane_add_u),
+//   dS = scale * P * (g_r . gt[:, u] - row_sub_r - lane_sub_u).
+// Few keys: row_add = -lse, lane_add = bias, row_sub = D, lane_sub = 0; few queries: row_add = bias,
+// lane_add = -lse (-inf on padded lanes), row_sub = 0, lane_sub = D.
+struct Scores {
+  const float *x, *g, *ft, *gt, *row_add, *lane_add, *row_sub, *lane_sub;
+  int64_t x_row, g_row;
+};
+
+template <int R, int MV>
+void weights_and_grads(const Scores& s, float scale, int64_t d, float* weights, float* grads) {
+  constexpr int mp = MV * W;
+  vec acc[R][MV] = {};
+  for (int64_t e = 0; e < d; ++e) {
+    vec f[MV];
+    for (int u = 0; u < MV; ++u) f[u] = load(s.ft + e * mp + u * W);
+    for (int r = 0; r < R; ++r) {
+      const vec xe = splat(s.x[r * s.x_row + e]);
+      for (int u = 0; u < MV; ++u) acc[r][u] += xe * f[u];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < MV; ++u) {
+      acc[r][u] = vexp(acc[r][u] * scale + s.row_add[r] + load(s.lane_add + u * W));
+      store(weights + r * mp + u * W, acc[r][u]);
+    }
+  vec dp[R][MV] = {};
+  for (int64_t e = 0; e < d; ++e) {
+    vec f[MV];
+    for (int u = 0; u < MV; ++u) f[u] = load(s.gt + e * mp + u * W);
+    for (int r = 0; r < R; ++r) {
+      const vec ge = splat(s.g[r * s.g_row + e]);
+      for (int u = 0; u < MV; ++u) dp[r][u] += ge * f[u];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < MV; ++u)
+      store(grads + r * mp + u * W, acc[r][u] * (dp[r][u] - s.row_sub[r] - load(s.lane_sub + u * W)) * scale);
+}
+
+// weights_and_grads for `count` rows, R at a time (R x MV accumulators, as the forward's register tiles).
+template <int MV>
+void weights_and_grads_rows(Scores s, float scale, int64_t count, int64_t d, float* weights, float* grads) {
+  constexpr int R = std::max(1, kAccumulators / MV), mp = MV * W;
+  int64_t r = 0;
+  for (; r + R <= count; r += R, s.x += R * s.x_row, s.g += R * s.g_row, s.row_add += R, s.row_sub += R)
+    weights_and_grads<R, MV>(s, scale, d, weights + r * mp, grads + r * mp);
+  for (; r < count; ++r, s.x += s.x_row, s.g += s.g_row, ++s.row_add, ++s.row_sub)
+    weights_and_grads<1, MV>(s, scale, d, weights + r * mp, grads + r * mp);
+}
+
+float dot(const float* a, const float* b, int64_t d) {
+  vec sum = {};
+  for (int64_t e = 0; e < d; e += W) sum += load(a + e) * load(b + e);
+  return hsum(sum)[0];
+}
+
+// out_r[c..] = sum_{j < m} a[r * a_stride + j] * x_j[c..] for R rows r (rows of x x_row floats apart, rows of
+// out out_row apart): R x kColumns sums in registers, each x_j vector loaded once for all R rows.
+constexpr int kWeightedRows = kBytes == 64 ? 8 : 4;
+
+template <int R, int Columns>
+void weighted_rows_tile(const float* a, int64_t a_stride, const float* x, int64_t x_row, float* out,
+                        int64_t out_row, int64_t m, int64_t c) {
+  vec sum[R][Columns] = {};
+  for (int64_t j = 0; j < m; ++j) {
+    vec xj[Columns];
+    for (int u = 0; u < Columns; ++u) xj[u] = load(x + j * x_row + c + u * W);
+    for (int r = 0; r < R; ++r) {
+      const vec w = splat(a[r * a_stride + j]);
+      for (int u = 0; u < Columns; ++u) sum[r][u] += w * xj[u];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < Columns; ++u) store(out + r * out_row + c + u * W, sum[r][u]);
+}
+
+template <int R>
+void weighted_rows_columns(const float* a, int64_t a_stride, const float* x, int64_t x_row, float* out,
+                           int64_t out_row, int64_t m, int64_t d) {
+  int64_t c = 0;
+  for (; c + kColumns * W <= d; c += kColumns * W)
+    weighted_rows_tile<R, kColumns>(a, a_stride, x, x_row, out, out_row, m, c);
+  for (; c < d; c += W) weighted_rows_tile<R, 1>(a, a_stride, x, x_row, out, out_row, m, c);
+}
+
+void weighted_rows(const float* a, int64_t a_stride, const float* x, int64_t x_row, float* out, int64_t out_row,
+                   int64_t count, int64_t m, int64_t d) {
+  int64_t r = 0;
+  for (; r + kWeightedRows <= count; r += kWeightedRows)
+    weighted_rows_columns<kWeightedRows>(a + r * a_stride, a_stride, x, x_row, out + r * out_row, out_row, m, d);
+  for (; r < count; ++r)
+    weighted_rows_columns<1>(a + r * a_stride, a_stride, x, x_row, out + r * out_row, out_row, m, d);
+}
+
+struct FewKeys {
+  const float *q, *dy, *y, *lse, *kt, *vt, *k, *bias;  // kt, vt (d, mp); k (m, d) rows; bias (mp)
+  float *dq, *dk, *dv;                                 // dk, dv (m, d)
+  int64_t q_row, dy_row, y_row, dq_row;
+};
+
+constexpr int kRowTile = 32;  // query rows whose weights and score gradients are formed, then summed, together
+
+template <int MV>
+void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float scale, float* scratch) {
+  constexpr int mp = MV * W;
+  float* weights = scratch;                 // (kRowTile, mp)
+  float* grads = weights + kRowTile * mp;   // (kRowTile, mp)
+  float* sum_k = grads + kRowTile * mp;     // (m, d)
+  float* sum_v = sum_k + m * d;             // (m, d)
+  std::fill(sum_k, sum_k + 2 * m * d, 0.0f);
+  alignas(64) float neg_lse[kRowTile], delta[kRowTile], zero[mp] = {};
+  for (int64_t i = 0; i < n; i += kRowTile) {
+    const int64_t count = std::min<int64_t>(kRowTile, n - i);
+    const float* q = p.q + i * p.q_row;
+    const float* dy = p.dy + i * p.dy_row;
+    for (int64_t r = 0; r < count; ++r)
+      neg_lse[r] = -p.lse[i + r], delta[r] = dot(dy + r * p.dy_row, p.y + (i + r) * p.y_row, d);
+    weights_and_grads_rows<MV>(Scores{q, dy, p.kt, p.vt, neg_lse, p.bias, delta, zero, p.q_row, p.dy_row}, scale,
+                               count, d, weights, grads);
+    weighted_rows(grads, mp, p.k, d, p.dq + i * p.dq_row, p.dq_row, count, m, d);
+    add_outer<true>(grads, q, sum_k, weights, dy, sum_v, mp, p.q_row, p.dy_row, count, m, d);
+  }
+  std::copy(sum_k, sum_k + m * d, p.dk);
+  std::copy(sum_v, sum_v + m * d, p.dv);
+}
+
+struct FewQueries {
+  const float *qt, *dyt, *q, *dy, *neg_lse, *delta, *k, *v, *bias;  // qt, dyt (d, mq); q, dy (m, d); neg_lse,
+  float *dq, *dk, *dv;                                              // delta (mq); dq (m, d)
+  int64_t k_row, v_row, dk_row, dv_row;
+};
+
+template <int QV>
+void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, float scale, float* scratch) {
+  constexpr int mq = QV * W;
+  float* weights = scratch;                 // (kRowTile, mq)
+  float* grads = weights + kRowTile * mq;   // (kRowTile, mq)
+  float* sum_q = grads + kRowTile * mq;     // (m, d)
+  std::fill(sum_q, sum_q + m * d, 0.0f);
+  alignas(64) float zero[kRowTile] = {};
+  for (int64_t j = 0; j < n; j += kRowTile) {
+    const int64_t count = std::min<int64_t>(kRowTile, n - j);
+    float* dk = p.dk + j * p.dk_row;
+    float* dv = p.dv + j * p.dv_row;
+    if (std::all_of(p.bias + j, p.bias + j + count, [](float b) { return b == -INFINITY; })) {
+      for (int64_t t = 0; t < count; ++t) std::fill(dk + t * p.dk_row, dk + t * p.dk_row + d, 0.0f),
+                                          std::fill(dv + t * p.dv_row, dv + t * p.dv_row + d, 0.0f);
+      continue;
+    }
+    const float* k = p.k + j * p.k_row;
+    weights_and_grads_rows<QV>(Scores{k, p.v + j * p.v_row, p.qt, p.dyt, p.bias + j, p.neg_lse, zero, p.delta,
+                                      p.k_row, p.v_row}, scale, count, d, weights, grads);
+    weighted_rows(weights, mq, p.dy, d, dv, p.dv_row, count, m, d);
+    weighted_rows(grads, mq, p.q, d, dk, p.dk_row, count, m, d);
+    add_outer<false>(grads, k, sum_q, nullptr, nullptr, nullptr, mq, p.k_row, 0, count, m, d);
+  }
+  std::copy(sum_q, sum_q + m * d, p.dq);
+}
+
+}  // namespace
+
+extern "C" {
+int landmarks_backward_vector_bytes() { return kBytes; }
+
+// Few keys (m <= mp keys, mp = W, 2W, 4W, ... up to kMaxKeys): q, dy, y (batch, heads, n, d) and dq at their
+// strides (last stride 1); lse (batch * heads, n); kt, vt (batch * heads, d, mp) the keys and values transposed
+// and zero-padded; k (batch * heads, m, d); bias (batch * heads, mp), -inf on padded keys; dk, dv (batch * heads,
+// m, d), all contiguous. Returns 0, or -1 (nothing written) for an unsupported mp or d % W != 0.
+int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, const float* dy,
+                                    const int64_t* dy_strides, const float* y, const int64_t* y_strides,
+                                    const float* lse, const float* kt, const float* vt, const float* k,
+                                    const float* bias, float* dq, const int64_t* dq_strides, float* dk, float* dv,
+                                    int64_t batch, int64_t heads, int64_t n, int64_t m, int64_t mp, int64_t d,
+                                    float scale, int threads) {
+  if (d % W || m > mp || mp > kMaxKeys || mp % W || (mp / W & (mp / W - 1))) return -1;
+  parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
+    std::vector<float> scratch(2 * kRowTile * mp + 2 * m * d);
+    for (int64_t index = lo; index < hi; ++index) {
+      const int64_t b = index / heads, h = index % heads;
+      const FewKeys p{q + b * q_strides[0] + h * q_strides[1], dy + b * dy_strides[0] + h * dy_strides[1],
+                      y + b * y_strides[0] + h * y_strides[1], lse + index * n, kt + index * d * mp,
+                      vt + index * d * mp, k + index * m * d, bias + index * mp,
+                      dq + b * dq_strides[0] + h * dq_strides[1], dk + index * m * d, dv + index * m * d,
+                      q_strides[2], dy_strides[2], y_strides[2], dq_strides[2]};
+      switch (mp / W) {
+        case 1: few_keys_backward<1>(p, n, m, d, scale, scratch.data()); break;
+        case 2: few_keys_backward<2>(p, n, m, d, scale, scratch.data()); break;
+        case 4: few_keys_backward<4>(p, n, m, d, scale, scratch.data()); break;
+        case 8: few_keys_backward<8>(p, n, m, d, scale, scratch.data()); break;
+        case 16: few_keys_backward<std::min(16, kMaxKeys / W)>(p, n, m, d, scale, scratch.data()); break;
+        case 32: few_keys_backward<std::min(32, kMaxKeys / W)>(p, n, m, d, scale, scratch.data()); break;
+      }
+    }
+  });
+  return 0;
+}
+
+// Few queries (m <= mq queries, mq as mp above): qt, dyt (batch * heads, d, mq) the queries and the output's
+// gradient transposed and zero-padded; q, dy (batch * heads, m, d); neg_lse (batch * heads, mq), -lse and -inf on
+// padded queries; delta (batch * heads, mq) = dy_i . y_i, 0 on padded queries; dq (batch * heads, m, d), all
+// contiguous; k, v, dk, dv (batch, heads, n, d) at their strides (last stride 1); bias (batch, bias_heads, n)
+// contiguous, bias_heads 1 or heads. Returns 0, or -1 (nothing written) for an unsupported mq or d % W != 0.
+int landmarks_few_queries_backward_f32(const float* qt, const float* dyt, const float* q, const float* dy,
+                                       const float* neg_lse, const float* delta, const float* k,
+                                       const int64_t* k_strides, const float* v, const int64_t* v_strides,
+                                       const float* bias, int64_t bias_heads, float* dq, float* dk,
+                                       const int64_t* dk_strides, float* dv, const int64_t* dv_strides,
+                                       int64_t batch, int64_t heads, int64_t m, int64_t mq, int64_t n, int64_t d,
+                                       float scale, int threads) {
+  if (d % W || m > mq || mq > kMaxKeys || mq % W || (mq / W & (mq / W - 1))) return -1;
+  parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
+    std::vector<float> scratch(2 * kRowTile * mq + m * d);
+    for (int64_t index = lo; index < hi; ++index) {
+      const int64_t b = index / heads, h = index % heads;
+      const FewQueries p{qt + index * d * mq, dyt + index * d * mq, q + index * m * d, dy + index * m * d,
+                         neg_lse + index * mq, delta + index * mq, k + b * k_strides[0] + h * k_strides[1],
+                         v + b * v_strides[0] + h * v_strides[1], bias + (b * bias_heads + h % bias_heads) * n,
+                         dq + index * m * d, dk + b * dk_strides[0] + h * dk_strides[1],
+                         dv + b * dv_strides[0] + h * dv_strides[1], k_strides[2], v_strides[2], dk_strides[2],
+                         dv_strides[2]};
+      switch (mq / W) {
+        case 1: few_queries_backward<1>(p, m, n, d, scale, scratch.data()); break;
+        case 2: few_queries_backward<2>(p, m, n, d, scale, scratch.data()); break;
+        case 4: few_queries_backward<4>(p, m, n, d, scale, scratch.data()); break;
+        case 8: few_queries_backward<8>(p, m, n, d, scale, scratch.data()); break;
+        case 16: few_queries_backward<std::min(16, kMaxKeys / W)>(p, m, n, d, scale, scratch.data()); break;
+        case 32: few_queries_backward<std::min(32, kMaxKeys / W)>(p, m, n, d, scale, scratch.data()); break;
+      }
+    }
+  });
+  return 0;
+}
+}

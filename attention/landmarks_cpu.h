@@ -1,0 +1,83 @@
+// Shared by landmarks_cpu.cpp (forward kernels) and landmarks_backward_cpu.cpp (their backward): the vector type
+// of the instruction set attention/landmarks_cpu.py compiles for (-DLRA_VECTOR_BYTES, as attention/l1_cpu.cpp;
+// GCC vector extensions, one vector is one register), loads and stores, a vector exponential, butterfly
+// reductions and the thread helper. attention/l1_cpu.py's build() hashes this header with each source that
+// includes it, so editing it rebuilds both libraries.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#ifndef LRA_VECTOR_BYTES
+#define LRA_VECTOR_BYTES 16
+#endif
+
+namespace landmarks {
+
+constexpr int kBytes = LRA_VECTOR_BYTES;
+static_assert(kBytes == 16 || kBytes == 32 || kBytes == 64, "LRA_VECTOR_BYTES must be 16, 32 or 64");
+constexpr int W = kBytes / 4;                        // floats per vector
+constexpr int kAccumulators = kBytes == 64 ? 16 : 8;  // logit vectors held per task (32 or 16 registers)
+constexpr int kMaxKeys = 128;
+
+typedef float vec __attribute__((vector_size(kBytes)));
+typedef int32_t ivec __attribute__((vector_size(kBytes)));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+inline vec splat(float x) { return x - vec{}; }
+
+// exp(x) for x <= 0 (arguments are s_j - max): Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2 / 2;
+// below -87.3 (e^-87.3 ~ 1.2e-38, and -inf from masked keys) the result is exactly 0.
+inline vec vexp(vec x) {
+  const vec lo = splat(-87.3f);
+  ivec keep = x >= lo;
+  x = x < lo ? lo : x;
+  const vec shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to the nearest integer
+  vec n = (x * 1.44269504088896341f + shifter) - shifter;
+  vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vec p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  ivec exponent = (__builtin_convertvector(n, ivec) + 127) << 23;
+  vec result = p * (vec)exponent;
+  return (vec)((ivec)result & keep);
+}
+
+// All lanes of the result hold the maximum (sum) of v's lanes: log2(W) butterfly steps, each a permutation
+// with compile-time lane indices (one shuffle instruction).
+template <int Step, size_t... Lane> inline vec swap_lanes(vec v, std::index_sequence<Lane...>) {
+  return __builtin_shufflevector(v, v, (Lane ^ Step)...);
+}
+template <int Step = W / 2, typename F> inline vec butterfly(vec v, F combine) {
+  v = combine(v, swap_lanes<Step>(v, std::make_index_sequence<W>{}));
+  if constexpr (Step > 1) return butterfly<Step / 2>(v, combine);
+  return v;
+}
+inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+inline vec hmax(vec v) { return butterfly(v, vmax); }
+inline vec hsum(vec v) { return butterfly(v, [](vec a, vec b) { return a + b; }); }
+
+// Runs f(lo, hi) over [0, tasks) split into `threads` contiguous ranges (the calling thread takes one).
+template <typename F> void parallel(int64_t tasks, int threads, F f) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, tasks));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < parts; ++t) pool.emplace_back(f, tasks * t / parts, tasks * (t + 1) / parts);
+  f(0, tasks / parts);
+  for (auto& worker : pool) worker.join();
+}
+
+}  // namespace landmarks
