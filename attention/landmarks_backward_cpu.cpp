@@ -18,61 +18,57 @@ namespace {
 using namespace landmarks;
 
 constexpr int kColumns = 2;                     // column vectors per register tile of the gradient sums
-constexpr int kTileRows = kBytes == 64 ? 4 : 2;  // rows (keys) per register tile: 2 x rows x kColumns held
+constexpr int kSumKeys = kBytes == 64 ? 4 : 2;   // rows j of the few side's sums per register tile
 
 // out_j[c..] += sum_{t < count} a[t * a_stride + j] * x_t[c..] for j < m (rows x_t x_row floats apart, rows
-// out_j d floats apart), and with Two the same for (b, z, acc) (z_t z_row apart) in the same loop: Rows rows
-// x_t (and z_t) times Columns vectors stay in registers (compile-time counts, so that they are registers), and
-// each out row is loaded and stored once per tile.
-template <bool Two, int Rows, int Columns>
+// out_j d floats apart), and with Two the same for (b, z, acc) (z_t z_row apart) in the same loop. The sums of
+// Keys rows j times Columns vectors stay in registers (compile-time counts, so that they are registers) over
+// all `count` rows t, and are added to out once.
+template <bool Two, int Keys, int Columns>
 void add_outer_tile(const float* a, const float* x, float* out, const float* b, const float* z, float* acc,
-                    int64_t a_stride, int64_t x_row, int64_t z_row, int64_t m, int64_t d, int64_t c) {
-  vec xs[Rows][Columns], zs[Rows][Columns];
-  for (int t = 0; t < Rows; ++t)
+                    int64_t a_stride, int64_t x_row, int64_t z_row, int64_t count, int64_t d, int64_t c) {
+  vec sum_a[Keys][Columns] = {}, sum_b[Keys][Columns] = {};
+  for (int64_t t = 0; t < count; ++t) {
+    vec xs[Columns], zs[Columns];
     for (int u = 0; u < Columns; ++u) {
-      xs[t][u] = load(x + t * x_row + c + u * W);
-      if (Two) zs[t][u] = load(z + t * z_row + c + u * W);
+      xs[u] = load(x + t * x_row + c + u * W);
+      if (Two) zs[u] = load(z + t * z_row + c + u * W);
     }
-  for (int64_t j = 0; j < m; ++j) {
-    vec sum_a[Columns], sum_b[Columns];
-    for (int u = 0; u < Columns; ++u) {
-      sum_a[u] = load(out + j * d + c + u * W);
-      if (Two) sum_b[u] = load(acc + j * d + c + u * W);
-    }
-    for (int t = 0; t < Rows; ++t) {
+    for (int j = 0; j < Keys; ++j) {
       const vec wa = splat(a[t * a_stride + j]);
-      for (int u = 0; u < Columns; ++u) sum_a[u] += wa * xs[t][u];
+      for (int u = 0; u < Columns; ++u) sum_a[j][u] += wa * xs[u];
       if (Two) {
         const vec wb = splat(b[t * a_stride + j]);
-        for (int u = 0; u < Columns; ++u) sum_b[u] += wb * zs[t][u];
+        for (int u = 0; u < Columns; ++u) sum_b[j][u] += wb * zs[u];
       }
     }
-    for (int u = 0; u < Columns; ++u) {
-      store(out + j * d + c + u * W, sum_a[u]);
-      if (Two) store(acc + j * d + c + u * W, sum_b[u]);
-    }
   }
+  for (int j = 0; j < Keys; ++j)
+    for (int u = 0; u < Columns; ++u) {
+      store(out + j * d + c + u * W, load(out + j * d + c + u * W) + sum_a[j][u]);
+      if (Two) store(acc + j * d + c + u * W, load(acc + j * d + c + u * W) + sum_b[j][u]);
+    }
 }
 
-template <bool Two, int Rows>
-void add_outer_rows(const float* a, const float* x, float* out, const float* b, const float* z, float* acc,
-                    int64_t a_stride, int64_t x_row, int64_t z_row, int64_t m, int64_t d) {
+template <bool Two, int Keys>
+void add_outer_columns(const float* a, const float* x, float* out, const float* b, const float* z, float* acc,
+                       int64_t a_stride, int64_t x_row, int64_t z_row, int64_t count, int64_t d) {
   int64_t c = 0;
   for (; c + kColumns * W <= d; c += kColumns * W)
-    add_outer_tile<Two, Rows, kColumns>(a, x, out, b, z, acc, a_stride, x_row, z_row, m, d, c);
-  for (; c < d; c += W) add_outer_tile<Two, Rows, 1>(a, x, out, b, z, acc, a_stride, x_row, z_row, m, d, c);
+    add_outer_tile<Two, Keys, kColumns>(a, x, out, b, z, acc, a_stride, x_row, z_row, count, d, c);
+  for (; c < d; c += W) add_outer_tile<Two, Keys, 1>(a, x, out, b, z, acc, a_stride, x_row, z_row, count, d, c);
 }
 
 template <bool Two>
 void add_outer(const float* a, const float* x, float* out, const float* b, const float* z, float* acc,
                int64_t a_stride, int64_t x_row, int64_t z_row, int64_t count, int64_t m, int64_t d) {
-  int64_t t = 0;
-  for (; t + kTileRows <= count; t += kTileRows)
-    add_outer_rows<Two, kTileRows>(a + t * a_stride, x + t * x_row, out, Two ? b + t * a_stride : b,
-                                   Two ? z + t * z_row : z, acc, a_stride, x_row, z_row, m, d);
-  for (; t < count; ++t)
-    add_outer_rows<Two, 1>(a + t * a_stride, x + t * x_row, out, Two ? b + t * a_stride : b,
-                           Two ? z + t * z_row : z, acc, a_stride, x_row, z_row, m, d);
+  int64_t j = 0;
+  for (; j + kSumKeys <= m; j += kSumKeys)
+    add_outer_columns<Two, kSumKeys>(a + j, x, out + j * d, Two ? b + j : b, z, Two ? acc + j * d : acc, a_stride,
+                                     x_row, z_row, count, d);
+  for (; j < m; ++j)
+    add_outer_columns<Two, 1>(a + j, x, out + j * d, Two ? b + j : b, z, Two ? acc + j * d : acc, a_stride, x_row,
+                              z_row, count, d);
 }
 
 // Weights and scaled score gradients of R rows against the MV * W lanes of the few side (few keys: query rows
