@@ -19,9 +19,10 @@ $(STAMP): requirements.txt pyproject.toml
 train: setup
 	$(PYTHON) -m lra.train
 
-# pytest exits 5 when it collected no test: treat that as the failure it is.
+# pytest exits 5 when it collected no test: treat that as the failure it is. --durations lists the slowest
+# tests, which keep the default suite inside its 15-minute budget on 2 cores (mark longer ones slow).
 test: setup
-	$(PYTHON) -m pytest -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	$(PYTHON) -m pytest -m "not slow" --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 # The numerics tests (float results against references), again under one ATen SIMD level: ATen's kernels
 # sum in another order on each (ATEN_CPU_CAPABILITY = default, avx2, avx512; a CPU without it falls back),

@@ -249,7 +249,7 @@ int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, co
                                     const float* bias, float* dq, const int64_t* dq_strides, float* dk, float* dv,
                                     int64_t batch, int64_t heads, int64_t n, int64_t m, int64_t mp, int64_t d,
                                     float scale, int threads) {
-  if (d % W || m > mp || mp > kMaxKeys || mp % W || (mp / W & (mp / W - 1))) return -1;
+  if (d % W || m > mp || mp > kMaxKeys || mp % W || !with_vectors(mp / W, [](auto) {})) return -1;
   parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
     std::vector<float> scratch(2 * kRowTile * mp + 2 * m * d);
     for (int64_t index = lo; index < hi; ++index) {
@@ -259,14 +259,7 @@ int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, co
                       vt + index * d * mp, k + index * m * d, bias + index * mp,
                       dq + b * dq_strides[0] + h * dq_strides[1], dk + index * m * d, dv + index * m * d,
                       q_strides[2], dy_strides[2], y_strides[2], dq_strides[2]};
-      switch (mp / W) {
-        case 1: few_keys_backward<1>(p, n, m, d, scale, scratch.data()); break;
-        case 2: few_keys_backward<2>(p, n, m, d, scale, scratch.data()); break;
-        case 4: few_keys_backward<4>(p, n, m, d, scale, scratch.data()); break;
-        case 8: few_keys_backward<8>(p, n, m, d, scale, scratch.data()); break;
-        case 16: few_keys_backward<std::min(16, kMaxKeys / W)>(p, n, m, d, scale, scratch.data()); break;
-        case 32: few_keys_backward<std::min(32, kMaxKeys / W)>(p, n, m, d, scale, scratch.data()); break;
-      }
+      with_vectors(mp / W, [&](auto mv) { few_keys_backward<decltype(mv)::value>(p, n, m, d, scale, scratch.data()); });
     }
   });
   return 0;
@@ -284,7 +277,7 @@ int landmarks_few_queries_backward_f32(const float* qt, const float* dyt, const 
                                        const int64_t* dk_strides, float* dv, const int64_t* dv_strides,
                                        int64_t batch, int64_t heads, int64_t m, int64_t mq, int64_t n, int64_t d,
                                        float scale, int threads) {
-  if (d % W || m > mq || mq > kMaxKeys || mq % W || (mq / W & (mq / W - 1))) return -1;
+  if (d % W || m > mq || mq > kMaxKeys || mq % W || !with_vectors(mq / W, [](auto) {})) return -1;
   parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
     std::vector<float> scratch(2 * kRowTile * mq + m * d);
     for (int64_t index = lo; index < hi; ++index) {
@@ -295,14 +288,7 @@ int landmarks_few_queries_backward_f32(const float* qt, const float* dyt, const 
                          dq + index * m * d, dk + b * dk_strides[0] + h * dk_strides[1],
                          dv + b * dv_strides[0] + h * dv_strides[1], k_strides[2], v_strides[2], dk_strides[2],
                          dv_strides[2]};
-      switch (mq / W) {
-        case 1: few_queries_backward<1>(p, m, n, d, scale, scratch.data()); break;
-        case 2: few_queries_backward<2>(p, m, n, d, scale, scratch.data()); break;
-        case 4: few_queries_backward<4>(p, m, n, d, scale, scratch.data()); break;
-        case 8: few_queries_backward<8>(p, m, n, d, scale, scratch.data()); break;
-        case 16: few_queries_backward<std::min(16, kMaxKeys / W)>(p, m, n, d, scale, scratch.data()); break;
-        case 32: few_queries_backward<std::min(32, kMaxKeys / W)>(p, m, n, d, scale, scratch.data()); break;
-      }
+      with_vectors(mq / W, [&](auto qv) { few_queries_backward<decltype(qv)::value>(p, m, n, d, scale, scratch.data()); });
     }
   });
   return 0;

@@ -246,13 +246,14 @@ void abs_row_sums(const float* x, const int64_t* strides, float* out, int64_t he
 
 extern "C" {
 // out (batch, heads, n) contiguous = sum over the last dimension of |x|, x (batch, heads, n, d) at strides
-// (last stride 1).
-void landmarks_abs_row_sums_f32(const float* x, const int64_t* strides, float* out, int64_t batch, int64_t heads,
+// (last stride 1). Returns 0.
+int landmarks_abs_row_sums_f32(const float* x, const int64_t* strides, float* out, int64_t batch, int64_t heads,
                                 int64_t n, int64_t d, int threads) {
   const int64_t rows = batch * heads * n, parts = std::max<int64_t>(1, std::min<int64_t>(threads, rows / 4096));
   parallel(parts, threads, [=](int64_t lo, int64_t hi) {
     abs_row_sums(x, strides, out, heads, n, d, rows * lo / parts, rows * hi / parts);
   });
+  return 0;
 }
 
 int landmarks_vector_bytes() { return kBytes; }
@@ -276,15 +277,7 @@ int landmarks_few_keys_attend_f32(const float* q, const int64_t* q_strides, cons
     }
   const Problem* all = problems.data();
   const int64_t P = batch * heads;
-  switch (mp / W) {
-    case 1: attend<1>(all, P, n, m, d, scale, threads); return 0;
-    case 2: attend<2>(all, P, n, m, d, scale, threads); return 0;
-    case 4: attend<4>(all, P, n, m, d, scale, threads); return 0;
-    case 8: attend<8>(all, P, n, m, d, scale, threads); return 0;
-    case 16: attend<std::min(16, kMaxKeys / W)>(all, P, n, m, d, scale, threads); return 0;
-    case 32: attend<std::min(32, kMaxKeys / W)>(all, P, n, m, d, scale, threads); return 0;
-    default: return -1;
-  }
+  return with_vectors(mp / W, [&](auto mv) { attend<decltype(mv)::value>(all, P, n, m, d, scale, threads); }) ? 0 : -1;
 }
 
 // Few queries (m <= 128) against many keys: qt (batch * heads, d, mq) contiguous, k and v (batch, heads, n, d) at
@@ -297,19 +290,10 @@ int landmarks_few_queries_attend_f32(const float* qt, const float* k, const int6
                                      int64_t heads, int64_t m, int64_t mq, int64_t n, int64_t d, float scale,
                                      int threads) {
   if (d % W || m > mq || mq > kMaxKeys || mq % W) return -1;
-  switch (mq / W) {
-#define LRA_FEW_QUERIES(QV)                                                                                    \
-  few_queries_all<std::min(QV, kMaxKeys / W)>(qt, k, k_strides, v, v_strides, bias, bias_heads, y, y_strides, \
-                                              row_max, row_sum, batch, heads, m, n, d, scale, threads);        \
-  return 0;
-    case 1: LRA_FEW_QUERIES(1)
-    case 2: LRA_FEW_QUERIES(2)
-    case 4: LRA_FEW_QUERIES(4)
-    case 8: LRA_FEW_QUERIES(8)
-    case 16: LRA_FEW_QUERIES(16)
-    case 32: LRA_FEW_QUERIES(32)
-#undef LRA_FEW_QUERIES
-    default: return -1;
-  }
+  const bool known = with_vectors(mq / W, [&](auto qv) {
+    few_queries_all<decltype(qv)::value>(qt, k, k_strides, v, v_strides, bias, bias_heads, y, y_strides, row_max, row_sum, batch, heads,
+                        m, n, d, scale, threads);
+  });
+  return known ? 0 : -1;
 }
 }

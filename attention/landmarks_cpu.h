@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,17 @@ template <typename F> void parallel(int64_t tasks, int threads, F f) {
   for (int64_t t = 1; t < parts; ++t) pool.emplace_back(f, tasks * t / parts, tasks * (t + 1) / parts);
   f(0, tasks / parts);
   for (auto& worker : pool) worker.join();
+}
+
+// The few side padded to `vectors` = 1, 2, 4, ... vectors (at most kMaxKeys floats): calls f(V{}) with V =
+// std::integral_constant<int, vectors> and returns true, or returns false for any other count.
+template <int V = 1, typename F> bool with_vectors(int64_t vectors, F f) {
+  if constexpr (V * W > kMaxKeys) {
+    return false;
+  } else {
+    if (vectors == V) return f(std::integral_constant<int, V>{}), true;
+    return with_vectors<2 * V>(vectors, f);
+  }
 }
 
 }  // namespace landmarks

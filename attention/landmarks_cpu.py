@@ -43,42 +43,42 @@ CPU_KERNEL = True  # False runs the PyTorch forms (tests and benchmarks compare 
 MAX_KEYS = 128
 
 
-@functools.lru_cache(maxsize=None)
-def library() -> ctypes.CDLL | None:
-    """``landmarks_cpu.cpp`` built by :func:`attention.l1_cpu.build`, or None (with a warning) without a compiler."""
-    lib = l1_cpu.load_or_warn(SOURCE, "landmark attention runs without its CPU kernels")
+def _load(source: Path, instead: str, vector_bytes: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
+    """``source`` built by :func:`attention.l1_cpu.build` with each function's ``argtypes`` set (``int`` result),
+    or None with a warning that ``instead`` runs (no compiler); ``vector_bytes`` names its vector-size function."""
+    lib = l1_cpu.load_or_warn(source, instead)
     if lib is None:
         return None
-    if lib.landmarks_vector_bytes() != l1_cpu.vector_bytes():
-        raise RuntimeError(f"{SOURCE.name} was compiled for {lib.landmarks_vector_bytes()}-byte vectors, "
+    if getattr(lib, vector_bytes)() != l1_cpu.vector_bytes():
+        raise RuntimeError(f"{source.name} was compiled for {getattr(lib, vector_bytes)()}-byte vectors, "
                            f"expected {l1_cpu.vector_bytes()}")
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.landmarks_few_keys_attend_f32.argtypes = [ptr] * 10 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
-    lib.landmarks_few_keys_attend_f32.restype = ctypes.c_int
-    lib.landmarks_few_queries_attend_f32.argtypes = [ptr] * 6 + [i64] + [ptr] * 4 + [i64] * 6 + [ctypes.c_float,
-                                                                                               ctypes.c_int]
-    lib.landmarks_few_queries_attend_f32.restype = ctypes.c_int
-    lib.landmarks_abs_row_sums_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+    for name, argtypes in signatures.items():
+        getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, ctypes.c_int
     return lib
+
+
+_I64, _PTR, _TAIL = ctypes.c_int64, ctypes.c_void_p, [ctypes.c_float, ctypes.c_int]  # ..., scale, threads
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """The forward kernels (``landmarks_cpu.cpp``), or None (with a warning) without a compiler."""
+    return _load(SOURCE, "landmark attention runs without its CPU kernels", "landmarks_vector_bytes", {
+        "landmarks_few_keys_attend_f32": [_PTR] * 10 + [_I64] * 6 + _TAIL,
+        "landmarks_few_queries_attend_f32": [_PTR] * 6 + [_I64] + [_PTR] * 4 + [_I64] * 6 + _TAIL,
+        "landmarks_abs_row_sums_f32": [_PTR] * 3 + [_I64] * 4 + [ctypes.c_int],
+    })
 
 
 @functools.lru_cache(maxsize=None)
 def backward_library() -> ctypes.CDLL | None:
-    """``landmarks_backward_cpu.cpp`` built like :func:`library`, or None (with a warning: ATen's flash backward
-    runs instead)."""
-    lib = l1_cpu.load_or_warn(BACKWARD_SOURCE, "landmark attention's backward runs ATen's flash backward")
-    if lib is None:
-        return None
-    if lib.landmarks_backward_vector_bytes() != l1_cpu.vector_bytes():
-        raise RuntimeError(f"{BACKWARD_SOURCE.name} was compiled for {lib.landmarks_backward_vector_bytes()}-byte "
-                           f"vectors, expected {l1_cpu.vector_bytes()}")
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.landmarks_few_keys_backward_f32.argtypes = [ptr] * 15 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
-    lib.landmarks_few_keys_backward_f32.restype = ctypes.c_int
-    lib.landmarks_few_queries_backward_f32.argtypes = ([ptr] * 11 + [i64] + [ptr] * 5 + [i64] * 6
-                                                       + [ctypes.c_float, ctypes.c_int])
-    lib.landmarks_few_queries_backward_f32.restype = ctypes.c_int
-    return lib
+    """The backward kernels (``landmarks_backward_cpu.cpp``), or None (with a warning: ATen's flash backward runs
+    instead)."""
+    return _load(BACKWARD_SOURCE, "landmark attention's backward runs ATen's flash backward",
+                 "landmarks_backward_vector_bytes", {
+                     "landmarks_few_keys_backward_f32": [_PTR] * 15 + [_I64] * 6 + _TAIL,
+                     "landmarks_few_queries_backward_f32": [_PTR] * 11 + [_I64] + [_PTR] * 5 + [_I64] * 6 + _TAIL,
+                 })
 
 
 def _kernel_takes(*tensors: torch.Tensor) -> bool:
