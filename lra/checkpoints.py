@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, open_dict
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch import nn
 
@@ -46,6 +48,8 @@ def read_checkpoint(ckpt_path: str | Path) -> dict:
     return checkpoint
 
 
+# The config groups a checkpoint carries: what lra.evaluate and the diagnostics need to rebuild the trained model.
+CHECKPOINT_SETTINGS = ("attention", "model")
 POSITIONS_BY_FLAG = {True: "models.positions.LearnedPositions", False: "models.positions.NoPositions"}
 
 
@@ -82,3 +86,28 @@ def load_transferred_weights(model: nn.Module, ckpt_path: str | Path) -> dict[st
     if initialised:
         log.warning("%s: %d parameter(s) not in the checkpoint keep their initialisation: %s", path, len(initialised), initialised)
     return {"skipped": skipped, "initialised": initialised}
+
+
+def with_checkpoint_settings(cfg: DictConfig, overrides: list[str], ckpt_path: str | Path) -> DictConfig:
+    """``cfg`` with the ``attention`` and ``model`` nodes ``ckpt_path`` was trained with (stored by
+    ``lra.train``), except a group the command line chooses (``attention=...``, ``model=...``, ``model/...=``,
+    or an ``experiment``); dotted overrides (``attention.num_landmarks=32``) apply on top of the stored node.
+    Checkpoints written before the settings were stored keep the composed config (a note says so)."""
+    stored = training_settings(ckpt_path)
+    if not stored:
+        print(f"[lra] {ckpt_path} holds no training settings (written before they were stored): the model is "
+              f"built from the command line's attention={cfg.attention.name} and model config", flush=True)
+        return cfg
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    chosen = {override.key_or_group.split("/")[0] for override in parsed if "." not in override.key_or_group}
+    for group in CHECKPOINT_SETTINGS:
+        if group in chosen or "experiment" in chosen:
+            continue
+        node = OmegaConf.create(stored[group])
+        for override in parsed:
+            if override.key_or_group.startswith(f"{group}."):
+                OmegaConf.update(node, override.key_or_group[len(group) + 1:], override.value(), force_add=True)
+        with open_dict(cfg):
+            cfg[group] = node
+        print(f"[lra] {group} from the checkpoint: {stored[group].get('name', stored[group].get('_target_'))}", flush=True)
+    return cfg

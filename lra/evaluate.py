@@ -2,7 +2,7 @@
 
 ``python -m lra.evaluate ckpt_path=<ckpt> task=<t> [task.data_dir=D] [attention=<a>] [attention.*=...]``
 composes ``configs/evaluate.yaml`` (train.yaml plus ``ckpt_path``), builds the model with the attention
-and model settings stored in the checkpoint (:func:`with_checkpoint_settings`; a group named on the
+and model settings stored in the checkpoint (:func:`lra.checkpoints.with_checkpoint_settings`; a group named on the
 command line replaces them, so ``attention=<a>`` transfers the weights to another attention), loads the checkpoint's weights (:func:`lra.checkpoints.load_transferred_weights`: strict
 on shared parameters, naming any skipped or freshly initialised one), tests it and writes
 ``<run dir>/results.json`` with ``test_acc`` (and ``independent_test_acc`` where the data holds it),
@@ -20,40 +20,14 @@ from pathlib import Path
 import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
-from lra.checkpoints import load_transferred_weights, training_settings
+from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.config import CONFIG_DIR
-from lra.module import CHECKPOINT_SETTINGS, build_module
+from lra.module import build_module
 from lra.results import job_overrides, write_results
 from lra.train import build_trainer, finish_wandb, test_accuracies, write_test_predictions
-
-
-def with_checkpoint_settings(cfg: DictConfig, overrides: list[str]) -> DictConfig:
-    """``cfg`` with the ``attention`` and ``model`` nodes the checkpoint was trained with (stored by
-    ``lra.train``), except a group the command line chooses (``attention=...``, ``model=...``, ``model/...=``,
-    or an ``experiment``); dotted overrides (``attention.num_landmarks=32``) apply on top of the stored node.
-    Checkpoints written before the settings were stored keep the composed config (a note says so)."""
-    stored = training_settings(cfg.ckpt_path)
-    if not stored:
-        print(f"[lra] {cfg.ckpt_path} holds no training settings (written before they were stored): the model is "
-              f"built from the command line's attention={cfg.attention.name} and model config", flush=True)
-        return cfg
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    chosen = {override.key_or_group.split("/")[0] for override in parsed if "." not in override.key_or_group}
-    for group in CHECKPOINT_SETTINGS:
-        if group in chosen or "experiment" in chosen:
-            continue
-        node = OmegaConf.create(stored[group])
-        for override in parsed:
-            if override.key_or_group.startswith(f"{group}."):
-                OmegaConf.update(node, override.key_or_group[len(group) + 1:], override.value(), force_add=True)
-        with open_dict(cfg):
-            cfg[group] = node
-        print(f"[lra] {group} from the checkpoint: {stored[group].get('name', stored[group].get('_target_'))}", flush=True)
-    return cfg
 
 
 def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
@@ -80,7 +54,7 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     print(f"[lra] run dir: {run_dir}", flush=True)
     try:
-        cfg = with_checkpoint_settings(cfg, job_overrides())
+        cfg = with_checkpoint_settings(cfg, job_overrides(), cfg.ckpt_path)
         metrics = evaluate(cfg, run_dir)
     except Exception as error:
         write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}", transferred_from=str(cfg.ckpt_path))

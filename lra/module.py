@@ -11,6 +11,8 @@ from torch import nn
 from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lra.checkpoints import CHECKPOINT_SETTINGS
+
 
 class LRAModule(L.LightningModule):
     """Trains ``model(input_ids, mask) -> (logits, aux_losses)``; logs ``train/loss``, ``train/acc``,
@@ -134,8 +136,6 @@ def optimizers_per_step(optimizer: Callable[..., torch.optim.Optimizer],
     return {"optimizer": built, "lr_scheduler": {"scheduler": scheduler(optimizer=built), "interval": "step"}}
 
 
-# The config groups a checkpoint carries: what lra.evaluate needs to rebuild the trained model.
-CHECKPOINT_SETTINGS = ("attention", "model")
 # Keys of an attention config node that describe it but are not constructor arguments.
 DESCRIPTIVE_KEYS = ("name",)
 # Keys of a model config node that say how the network runs, not what it is (not constructor arguments).

@@ -155,7 +155,8 @@ def build_pretrain_module(cfg) -> PretrainModule:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from lra.module import CHECKPOINT_SETTINGS, build_model
+    from lra.checkpoints import CHECKPOINT_SETTINGS
+    from lra.module import build_model
 
     node = cfg.pretrain
     scheduler = instantiate(node.scheduler) if node.get("scheduler") else None

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from omegaconf import OmegaConf
+
 from lra.analysis.diagnostics import root_attention as probe
 from lra.module import build_model
 from lra.tasks.listops import read_tsv
@@ -101,3 +103,26 @@ def test_cue_agreement_counts_by_hand():
     operators = ["[MIN", "[MAX", "[MED", "[SM", "[MED", "[MED"]
     table = labels_per_operator(model, operators)
     assert table == {"[MIN": (0, 1.0, 1), "[MAX": (9, 1.0, 1), "[MED": (0, pytest.approx(1 / 3), 3), "[SM": (7, 1.0, 1)}
+
+
+def test_cue_agreement_rebuilds_the_checkpoints_positions(tiny_listops, tmp_path, monkeypatch, capsys, caplog):
+    """A checkpoint trained with rotary positions is probed as a rotary model (its stored settings), not as the
+    default learned-positions model with a freshly initialised position table."""
+    import sys
+
+    from lra.analysis.diagnostics import cue_agreement
+
+    config = compose_config(["task=listops", "model/positions=rotary"])
+    torch.manual_seed(0)
+    model = build_model(config)
+    settings = {group: OmegaConf.to_container(config[group], resolve=True) for group in ("attention", "model")}
+    path = tmp_path / "rotary.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "settings": settings}, path)
+    for name in ("train", "test"):  # the tiny split has no test file of its own: probe its val split as test
+        source = tiny_listops / f"basic_{'val' if name == 'test' else name}.tsv"
+        (tmp_path / f"basic_{name}.tsv").write_text(source.read_text())
+    monkeypatch.setattr(sys, "argv", ["cue_agreement", "--data", str(tmp_path), "--ckpt", str(path)])
+    cue_agreement.main()
+    out = capsys.readouterr().out
+    assert "[lra] model from the checkpoint" in out
+    assert "not in the checkpoint" not in caplog.text  # no parameter (a learned position table) left at its init

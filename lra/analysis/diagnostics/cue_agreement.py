@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lra.config import compose_config
-from lra.checkpoints import load_transferred_weights
+from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.analysis.diagnostics.root_attention import padded_batch
 from lra.module import build_model
 from lra.tasks.listops import tokenize
@@ -68,12 +68,14 @@ def main() -> None:
     parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt)")
     parser.add_argument("--split", default="test", choices=["val", "test"])
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--overrides", nargs="*", default=["attention=curformer"], help="Hydra overrides of the model")
+    parser.add_argument("--overrides", nargs="*", default=["attention=curformer"], help="Hydra overrides of the model (groups the checkpoint stores, attention and model, "
+                        "come from it unless named here)")
     args = parser.parse_args()
     data = Path(args.data)
     cue = fit(read_examples(data / "basic_train.tsv"))
     examples = read_examples(data / f"basic_{args.split}.tsv")
-    model = build_model(compose_config(["task=listops", *args.overrides])).eval()
+    config = with_checkpoint_settings(compose_config(["task=listops", *args.overrides]), args.overrides, args.ckpt)
+    model = build_model(config).eval()
     load_transferred_weights(model, args.ckpt)
     model_labels = predict(model, [tokenize(source) for source, _ in examples], args.batch)
     cue_labels = torch.tensor([cue.predict(source) for source, _ in examples])

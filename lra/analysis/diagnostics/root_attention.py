@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from lra.config import compose_config
-from lra.checkpoints import load_transferred_weights
+from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.module import build_model
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
 from lra.tasks.listops import read_tsv
@@ -79,7 +79,11 @@ def main() -> None:
     print(f"{args.ckpt or 'initialisation'}: {args.batch} validation sequences, n ≤ {input_ids.shape[1]}")
     for variant in args.variants:
         torch.manual_seed(0)
-        model = build_model(compose_config(["task=listops", "model.dropout=0", *shlex.split(variant)])).eval()
+        overrides = ["model.dropout=0", *shlex.split(variant)]
+        config = compose_config(["task=listops", *overrides])
+        if args.ckpt:  # the stored model settings (positions, ...) unless the variant names them; its attention
+            config = with_checkpoint_settings(config, overrides, args.ckpt)
+        model = build_model(config).eval()
         if args.ckpt:
             load_transferred_weights(model, args.ckpt)
         ratios = root_weights(model, input_ids, key_mask)
