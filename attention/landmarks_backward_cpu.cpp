@@ -182,9 +182,8 @@ void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float 
   constexpr int mp = MV * W;
   float* weights = scratch;                 // (kRowTile, mp)
   float* grads = weights + kRowTile * mp;   // (kRowTile, mp)
-  float* sum_k = grads + kRowTile * mp;     // (m, d)
-  float* sum_v = sum_k + m * d;             // (m, d)
-  std::fill(sum_k, sum_k + 2 * m * d, 0.0f);
+  std::fill(p.dk, p.dk + m * d, 0.0f);      // dK, dV: summed over all rows in place
+  std::fill(p.dv, p.dv + m * d, 0.0f);
   alignas(64) float neg_lse[kRowTile], delta[kRowTile], zero[mp] = {};
   for (int64_t i = 0; i < n; i += kRowTile) {
     const int64_t count = std::min<int64_t>(kRowTile, n - i);
@@ -195,10 +194,8 @@ void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float 
     weights_and_grads_rows<MV>(Scores{q, dy, p.kt, p.vt, neg_lse, p.bias, delta, zero, p.q_row, p.dy_row}, scale,
                                count, d, weights, grads);
     weighted_rows(grads, mp, p.k, d, p.dq + i * p.dq_row, p.dq_row, count, m, d);
-    add_outer<true>(grads, q, sum_k, weights, dy, sum_v, mp, p.q_row, p.dy_row, count, m, d);
+    add_outer<true>(grads, q, p.dk, weights, dy, p.dv, mp, p.q_row, p.dy_row, count, m, d);
   }
-  std::copy(sum_k, sum_k + m * d, p.dk);
-  std::copy(sum_v, sum_v + m * d, p.dv);
 }
 
 struct FewQueries {
@@ -212,8 +209,7 @@ void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, 
   constexpr int mq = QV * W;
   float* weights = scratch;                 // (kRowTile, mq)
   float* grads = weights + kRowTile * mq;   // (kRowTile, mq)
-  float* sum_q = grads + kRowTile * mq;     // (m, d)
-  std::fill(sum_q, sum_q + m * d, 0.0f);
+  std::fill(p.dq, p.dq + m * d, 0.0f);      // dQ: summed over all keys in place
   alignas(64) float zero[kRowTile] = {};
   for (int64_t j = 0; j < n; j += kRowTile) {
     const int64_t count = std::min<int64_t>(kRowTile, n - j);
@@ -229,9 +225,8 @@ void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, 
                                       p.k_row, p.v_row}, scale, count, d, weights, grads);
     weighted_rows(weights, mq, p.dy, d, dv, p.dv_row, count, m, d);
     weighted_rows(grads, mq, p.q, d, dk, p.dk_row, count, m, d);
-    add_outer<false>(grads, k, sum_q, nullptr, nullptr, nullptr, mq, p.k_row, 0, count, m, d);
+    add_outer<false>(grads, k, p.dq, nullptr, nullptr, nullptr, mq, p.k_row, 0, count, m, d);
   }
-  std::copy(sum_q, sum_q + m * d, p.dq);
 }
 
 }  // namespace
@@ -251,7 +246,7 @@ int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, co
                                     float scale, int threads) {
   if (d % W || m > mp || mp > kMaxKeys || mp % W || !with_vectors(mp / W, [](auto) {})) return -1;
   parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
-    std::vector<float> scratch(2 * kRowTile * mp + 2 * m * d);
+    std::vector<float> scratch(2 * kRowTile * mp);
     for (int64_t index = lo; index < hi; ++index) {
       const int64_t b = index / heads, h = index % heads;
       const FewKeys p{q + b * q_strides[0] + h * q_strides[1], dy + b * dy_strides[0] + h * dy_strides[1],
@@ -279,7 +274,7 @@ int landmarks_few_queries_backward_f32(const float* qt, const float* dyt, const 
                                        float scale, int threads) {
   if (d % W || m > mq || mq > kMaxKeys || mq % W || !with_vectors(mq / W, [](auto) {})) return -1;
   parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
-    std::vector<float> scratch(2 * kRowTile * mq + m * d);
+    std::vector<float> scratch(2 * kRowTile * mq);
     for (int64_t index = lo; index < hi; ++index) {
       const int64_t b = index / heads, h = index % heads;
       const FewQueries p{qt + index * d * mq, dyt + index * d * mq, q + index * m * d, dy + index * m * d,
