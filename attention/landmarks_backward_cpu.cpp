@@ -86,29 +86,14 @@ struct Scores {
 template <int R, int MV>
 void weights_and_grads(const Scores& s, float scale, int64_t d, float* weights, float* grads) {
   constexpr int mp = MV * W;
-  vec acc[R][MV] = {};
-  for (int64_t e = 0; e < d; ++e) {
-    vec f[MV];
-    for (int u = 0; u < MV; ++u) f[u] = load(s.ft + e * mp + u * W);
-    for (int r = 0; r < R; ++r) {
-      const vec xe = splat(s.x[r * s.x_row + e]);
-      for (int u = 0; u < MV; ++u) acc[r][u] += xe * f[u];
-    }
-  }
+  vec acc[R][MV], dp[R][MV];
+  row_products(s.x, s.x_row, s.ft, d, acc);
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < MV; ++u) {
       acc[r][u] = vexp(acc[r][u] * scale + s.row_add[r] + load(s.lane_add + u * W));
       store(weights + r * mp + u * W, acc[r][u]);
     }
-  vec dp[R][MV] = {};
-  for (int64_t e = 0; e < d; ++e) {
-    vec f[MV];
-    for (int u = 0; u < MV; ++u) f[u] = load(s.gt + e * mp + u * W);
-    for (int r = 0; r < R; ++r) {
-      const vec ge = splat(s.g[r * s.g_row + e]);
-      for (int u = 0; u < MV; ++u) dp[r][u] += ge * f[u];
-    }
-  }
+  row_products(s.g, s.g_row, s.gt, d, dp);
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < MV; ++u)
       store(grads + r * mp + u * W, acc[r][u] * (dp[r][u] - s.row_sub[r] - load(s.lane_sub + u * W)) * scale);

@@ -28,15 +28,8 @@ struct Problem {
 template <int R, int MV>
 void rows(const Problem& p, int64_t m, int64_t d, float scale) {
   constexpr int mp = MV * W;
-  vec logits[R][MV] = {};
-  for (int64_t e = 0; e < d; ++e) {
-    vec kv[MV];
-    for (int u = 0; u < MV; ++u) kv[u] = load(p.kt + e * mp + u * W);
-    for (int r = 0; r < R; ++r) {
-      vec qe = splat(p.q[r * p.q_row + e]);
-      for (int u = 0; u < MV; ++u) logits[r][u] += qe * kv[u];
-    }
-  }
+  vec logits[R][MV];
+  row_products(p.q, p.q_row, p.kt, d, logits);
   alignas(64) float weights[R][mp];
   // Softmax, one step at a time for all R rows so that their dependency chains interleave.
   vec top[R], total[R];

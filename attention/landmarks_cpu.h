@@ -81,6 +81,22 @@ template <typename F> void parallel(int64_t tasks, int threads, F f) {
   for (auto& worker : pool) worker.join();
 }
 
+// acc[r][u] = sum_e x[r * x_row + e] * ft[e * MV * W + u * W ..] for R rows of x against the MV * W columns of
+// ft (d x MV * W, the few side transposed): R x MV vectors in registers, each ft vector loaded once for all rows.
+template <int R, int MV> inline void row_products(const float* x, int64_t x_row, const float* ft, int64_t d,
+                                                  vec (&acc)[R][MV]) {
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < MV; ++u) acc[r][u] = vec{};
+  for (int64_t e = 0; e < d; ++e) {
+    vec f[MV];
+    for (int u = 0; u < MV; ++u) f[u] = load(ft + e * MV * W + u * W);
+    for (int r = 0; r < R; ++r) {
+      const vec xe = splat(x[r * x_row + e]);
+      for (int u = 0; u < MV; ++u) acc[r][u] += xe * f[u];
+    }
+  }
+}
+
 // The few side padded to `vectors` = 1, 2, 4, ... vectors (at most kMaxKeys floats): calls f(V{}) with V =
 // std::integral_constant<int, vectors> and returns true, or returns false for any other count.
 template <int V = 1, typename F> bool with_vectors(int64_t vectors, F f) {

@@ -68,8 +68,9 @@ def main() -> None:
     parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt)")
     parser.add_argument("--split", default="test", choices=["val", "test"])
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--overrides", nargs="*", default=["attention=curformer"], help="Hydra overrides of the model (groups the checkpoint stores, attention and model, "
-                        "come from it unless named here)")
+    parser.add_argument("--overrides", nargs="*", default=["attention=curformer"],
+                        help="Hydra overrides of the model (the attention and model groups the checkpoint stores "
+                             "come from it unless named here)")
     args = parser.parse_args()
     data = Path(args.data)
     cue = fit(read_examples(data / "basic_train.tsv"))
