@@ -20,6 +20,8 @@ with ``U⁺`` the iterative pseudo-inverse (:mod:`attention.pinv`, ``pinv_iters`
 one maximum over the batch as the public Nyströmformer code does).
 Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors (O(nd + m²) with a
 fused ``attend``); no ``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
+Training on CPU with the softmax score runs the same products as one autograd node (:mod:`attention.cur_cpu`),
+whose backward writes no ``n × d`` copies.
 
 Decisions: everything runs in float32 with autocast disabled (float64 stays float64) and the
 output is cast back to the input dtype. Slots that :mod:`attention.selection` had to put on pad
@@ -35,21 +37,17 @@ from typing import Callable
 import torch
 from torch import nn
 
+from attention import cur_cpu
 from attention.pinv import check_pinv_init, iterative_pinv
 from attention.precision import autocast_off
 from attention.scores import SoftmaxScore
-from attention.selection import check_selection, select_indices
+from attention.selection import check_selection, gather_rows, select_indices
 
 ScoreFn = Callable[..., torch.Tensor]
 
 
-def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``index`` ``(B, H, m)`` of ``x`` ``(B, H, n, e)`` -> ``(B, H, m, e)``."""
-    return x.gather(2, index[..., None].expand(*index.shape, x.shape[-1]))
-
-
 class _WithRows(torch.autograd.Function):
-    """``(x, _rows(x, index))`` as one autograd node, for a tensor used whole *and* by its rows I.
+    """``(x, gather_rows(x, index))`` as one autograd node, for a tensor used whole *and* by its rows I.
 
     Same values and gradients as taking the two separately; backward adds the rows' gradient into a copy
     of ``x``'s (``scatter_add``) instead of autograd's zero-filled ``x``-sized scatter plus a sum of the
@@ -59,7 +57,7 @@ class _WithRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor):
         ctx.save_for_backward(index)
-        return x.view_as(x), _rows(x, index)
+        return x.view_as(x), gather_rows(x, index)
 
     @staticmethod
     def backward(ctx, grad_x: torch.Tensor, grad_rows: torch.Tensor):
@@ -68,10 +66,14 @@ class _WithRows(torch.autograd.Function):
 
 
 def _with_rows(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x, _rows(x, index))``, through :class:`_WithRows` when autograd records ``x``."""
+    """``(x, gather_rows(x, index))``, through :class:`_WithRows` when autograd records ``x``."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _WithRows.apply(x, index)
-    return x, _rows(x, index)
+    return x, gather_rows(x, index)
+
+
+def _wants_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
 
 
 def cur_attention(
@@ -100,6 +102,10 @@ def cur_attention(
         key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
     with autocast_off(q.device.type):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        if isinstance(score, SoftmaxScore) and _wants_grad(q, k, v) and cur_cpu.takes(q, k, v, index_q.shape[-1]):
+            y = cur_cpu.CURKernelAttention.apply(q, k, v, key_mask, index_q, index_k, score, pinv_iters,
+                                                 overwrite_rows, pinv_init)  # one node, no n × d copies
+            return y.to(out_dtype)
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)

@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from attention.cur import CURAttention, _rows
+from attention.cur import CURAttention
 from attention.pinv import iterative_pinv
 from attention.precision import autocast_off
+from attention.selection import gather_rows
 from kernels.common.launch import device_capability, interpreted
 from kernels.flashcur import launch as kernel_launch
 from kernels.flashcur import ops
@@ -150,7 +151,7 @@ def _out_grad(ctx, d_y, d_lse):
     dq, dk_sel, dw = _out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
     d_rv = None
     if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
-        d_rv = F.pad(_rows(d_y.float(), index_q), (0, 0, 0, ctx.m_padded - index_q.shape[2]))
+        d_rv = F.pad(gather_rows(d_y.float(), index_q), (0, 0, 0, ctx.m_padded - index_q.shape[2]))
     return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None
 
 
@@ -201,8 +202,8 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     positions_mask = key_mask[:, None, :].expand(batch, heads, n)
     valid_q = positions_mask.gather(2, index_q_p) & real_slot
     valid_k = positions_mask.gather(2, index_k_p) & real_slot
-    q_sel = _rows(q, index_q_p).contiguous()
-    k_sel = _rows(k, index_k_p).contiguous()
+    q_sel = gather_rows(q, index_q_p).contiguous()
+    k_sel = gather_rows(k, index_k_p).contiguous()
     rv, _ = _rv_forward(q_sel, k, v, key_mask)  # (B, H, M, d) float32
     u = _u_forward(q_sel, k_sel, valid_k)  # (B, H, M, M) float32
     with autocast_off(q.device.type):

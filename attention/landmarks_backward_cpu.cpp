@@ -158,28 +158,50 @@ struct FewKeys {
   const float *q, *dy, *y, *lse, *kt, *vt, *k, *bias;  // kt, vt (d, mp); k (m, d) rows; bias (mp)
   float *dq, *dk, *dv;                                 // dk, dv (m, d)
   int64_t q_row, dy_row, y_row, dq_row;
+  const int64_t* zero_rows;                            // rows whose dY reads as 0 (zero_count of them), or null
+  int64_t zero_count;
 };
 
 constexpr int kRowTile = 32;  // query rows whose weights and score gradients are formed, then summed, together
 
+// The rows i..i+count of dY, or (when one of them is in `zeroed`) a copy of them in `tile` (d floats apart)
+// with those rows 0; sets `row` to the returned rows' stride.
+const float* rows_of_dy(const FewKeys& p, const uint8_t* zeroed, int64_t i, int64_t count, int64_t d, float* tile,
+                        int64_t& row) {
+  const float* dy = p.dy + i * p.dy_row;
+  row = p.dy_row;
+  if (!p.zero_count || std::none_of(zeroed + i, zeroed + i + count, [](uint8_t z) { return z; })) return dy;
+  for (int64_t r = 0; r < count; ++r) {
+    if (zeroed[i + r]) std::fill(tile + r * d, tile + (r + 1) * d, 0.0f);
+    else std::copy(dy + r * p.dy_row, dy + r * p.dy_row + d, tile + r * d);
+  }
+  row = d;
+  return tile;
+}
+
 template <int MV>
-void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float scale, float* scratch) {
+void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float scale, float* scratch,
+                       uint8_t* zeroed) {
   constexpr int mp = MV * W;
   float* weights = scratch;                 // (kRowTile, mp)
   float* grads = weights + kRowTile * mp;   // (kRowTile, mp)
+  float* dy_tile = grads + kRowTile * mp;   // (kRowTile, d)
   std::fill(p.dk, p.dk + m * d, 0.0f);      // dK, dV: summed over all rows in place
   std::fill(p.dv, p.dv + m * d, 0.0f);
+  std::fill(zeroed, zeroed + n, uint8_t{0});
+  for (int64_t z = 0; z < p.zero_count; ++z) zeroed[p.zero_rows[z]] = 1;
   alignas(64) float neg_lse[kRowTile], delta[kRowTile], zero[mp] = {};
   for (int64_t i = 0; i < n; i += kRowTile) {
     const int64_t count = std::min<int64_t>(kRowTile, n - i);
     const float* q = p.q + i * p.q_row;
-    const float* dy = p.dy + i * p.dy_row;
+    int64_t dy_row;
+    const float* dy = rows_of_dy(p, zeroed, i, count, d, dy_tile, dy_row);
     for (int64_t r = 0; r < count; ++r)
-      neg_lse[r] = -p.lse[i + r], delta[r] = dot(dy + r * p.dy_row, p.y + (i + r) * p.y_row, d);
-    weights_and_grads_rows<MV>(Scores{q, dy, p.kt, p.vt, neg_lse, p.bias, delta, zero, p.q_row, p.dy_row}, scale,
+      neg_lse[r] = -p.lse[i + r], delta[r] = dot(dy + r * dy_row, p.y + (i + r) * p.y_row, d);
+    weights_and_grads_rows<MV>(Scores{q, dy, p.kt, p.vt, neg_lse, p.bias, delta, zero, p.q_row, dy_row}, scale,
                                count, d, weights, grads);
     weighted_rows(grads, mp, p.k, d, p.dq + i * p.dq_row, p.dq_row, count, m, d);
-    add_outer<true>(grads, q, p.dk, weights, dy, p.dv, mp, p.q_row, p.dy_row, count, m, d);
+    add_outer<true>(grads, q, p.dk, weights, dy, p.dv, mp, p.q_row, dy_row, count, m, d);
   }
 }
 
@@ -222,24 +244,32 @@ int landmarks_backward_vector_bytes() { return kBytes; }
 // Few keys (m <= mp keys, mp = W, 2W, 4W, ... up to kMaxKeys): q, dy, y (batch, heads, n, d) and dq at their
 // strides (last stride 1); lse (batch * heads, n); kt, vt (batch * heads, d, mp) the keys and values transposed
 // and zero-padded; k (batch * heads, m, d); bias (batch * heads, mp), -inf on padded keys; dk, dv (batch * heads,
-// m, d), all contiguous. Returns 0, or -1 (nothing written) for an unsupported mp or d % W != 0.
+// m, d), all contiguous; zero_rows (batch * heads, zero_count) row indices whose dY reads as 0 (rows the
+// caller overwrote after the forward; zero_count 0: none). Returns 0, or -1 (nothing written) for an unsupported
+// mp, d % W != 0 or a zero row outside [0, n).
 int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, const float* dy,
                                     const int64_t* dy_strides, const float* y, const int64_t* y_strides,
                                     const float* lse, const float* kt, const float* vt, const float* k,
                                     const float* bias, float* dq, const int64_t* dq_strides, float* dk, float* dv,
-                                    int64_t batch, int64_t heads, int64_t n, int64_t m, int64_t mp, int64_t d,
-                                    float scale, int threads) {
+                                    const int64_t* zero_rows, int64_t zero_count, int64_t batch, int64_t heads,
+                                    int64_t n, int64_t m, int64_t mp, int64_t d, float scale, int threads) {
   if (d % W || m > mp || mp > kMaxKeys || mp % W || !with_vectors(mp / W, [](auto) {})) return -1;
+  if (std::any_of(zero_rows, zero_rows + batch * heads * zero_count, [n](int64_t r) { return r < 0 || r >= n; }))
+    return -1;
   parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
-    std::vector<float> scratch(2 * kRowTile * mp);
+    std::vector<float> scratch(2 * kRowTile * mp + kRowTile * d);
+    std::vector<uint8_t> zeroed(n);
     for (int64_t index = lo; index < hi; ++index) {
       const int64_t b = index / heads, h = index % heads;
       const FewKeys p{q + b * q_strides[0] + h * q_strides[1], dy + b * dy_strides[0] + h * dy_strides[1],
                       y + b * y_strides[0] + h * y_strides[1], lse + index * n, kt + index * d * mp,
                       vt + index * d * mp, k + index * m * d, bias + index * mp,
                       dq + b * dq_strides[0] + h * dq_strides[1], dk + index * m * d, dv + index * m * d,
-                      q_strides[2], dy_strides[2], y_strides[2], dq_strides[2]};
-      with_vectors(mp / W, [&](auto mv) { few_keys_backward<decltype(mv)::value>(p, n, m, d, scale, scratch.data()); });
+                      q_strides[2], dy_strides[2], y_strides[2], dq_strides[2], zero_rows + index * zero_count,
+                      zero_count};
+      with_vectors(mp / W, [&](auto mv) {
+        few_keys_backward<decltype(mv)::value>(p, n, m, d, scale, scratch.data(), zeroed.data());
+      });
     }
   });
   return 0;

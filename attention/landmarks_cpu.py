@@ -76,12 +76,12 @@ def backward_library() -> ctypes.CDLL | None:
     instead)."""
     return _load(BACKWARD_SOURCE, "landmark attention's backward runs ATen's flash backward",
                  "landmarks_backward_vector_bytes", {
-                     "landmarks_few_keys_backward_f32": [_PTR] * 15 + [_I64] * 6 + _TAIL,
+                     "landmarks_few_keys_backward_f32": [_PTR] * 16 + [_I64] * 7 + _TAIL,
                      "landmarks_few_queries_backward_f32": [_PTR] * 11 + [_I64] + [_PTR] * 5 + [_I64] * 6 + _TAIL,
                  })
 
 
-def _kernel_takes(*tensors: torch.Tensor) -> bool:
+def kernel_takes(*tensors: torch.Tensor) -> bool:
     """Float32 CPU tensors with contiguous rows, outside ``torch.compile`` and outside a dispatch mode (which
     cannot see a ctypes call: ``FlopCounterMode`` counts the PyTorch forms), and the library built."""
     return (CPU_KERNEL and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode()
@@ -95,7 +95,7 @@ def _strides(x: torch.Tensor) -> ctypes.Array:
 
 def abs_row_sums(x: torch.Tensor) -> torch.Tensor:
     """``x.abs().sum(-1)`` ``(B, H, n)`` for ``x`` ``(B, H, n, d)`` (any strides), by the kernel where it applies."""
-    if x.dim() != 4 or not _kernel_takes(x):
+    if x.dim() != 4 or not kernel_takes(x):
         return x.abs().sum(-1)
     batch, heads, n, d = x.shape
     out = x.new_empty(batch, heads, n)
@@ -119,7 +119,7 @@ def padded(m: int) -> int:
 def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> str | None:
     """``"few_keys"`` (≤ 128 keys), ``"few_queries"`` (≤ 128 queries) or None (SDPA) for these ``(B, H, ·, d)``
     operands (see the module docstring)."""
-    if not (_kernel_takes(q, k, v) and q.shape[-1] == k.shape[-1] == v.shape[-1]  # first: nothing else under compile
+    if not (kernel_takes(q, k, v) and q.shape[-1] == k.shape[-1] == v.shape[-1]  # first: nothing else under compile
             and q.shape[-1] % vector_floats() == 0 and (key_mask is None or key_mask.shape[-2] == 1)):
         return None
     if k.shape[-2] <= MAX_KEYS:
@@ -127,7 +127,7 @@ def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torc
     return "few_queries" if q.shape[-2] <= MAX_KEYS else None
 
 
-def _key_bias(key_mask: torch.Tensor | None, batch: int, heads: int, n: int, like: torch.Tensor) -> torch.Tensor:
+def key_bias(key_mask: torch.Tensor | None, batch: int, heads: int, n: int, like: torch.Tensor) -> torch.Tensor:
     """The additive mask (0 or −inf) ``(B, 1 or H, 1, n)`` of a bool ``key_mask`` broadcasting to ``(B, H, 1, n)``."""
     if key_mask is None:
         return like.new_zeros(batch, 1, 1, n)
@@ -185,21 +185,27 @@ def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torc
     return y, row_max, row_sum
 
 
-def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
+                      zero_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dQ, dK, dV)`` of :func:`few_keys_forward` from the gradient ``grad`` of ``y`` and its ``lse``
-    ``(B, H, n)``, each contiguous (``landmarks_backward_cpu.cpp`` has the equations)."""
+    ``(B, H, n)``, each contiguous (``landmarks_backward_cpu.cpp`` has the equations). ``zero_rows`` long
+    ``(B, H, r)``: rows of ``y`` the caller overwrote after the forward, whose ``grad`` rows count as 0 (their
+    ``dQ`` rows are 0), without a copy of ``grad``."""
     batch, heads, n, d = q.shape
     m = k.shape[-2]
     mp = padded(m)
     kt, vt, k_rows = _transposed(k, mp), _transposed(v, mp), k.contiguous()  # held: ctypes keeps no reference
     padded_bias = _padded_bias(bias, batch, heads, m, mp)
+    zero_rows = q.new_empty(batch, heads, 0, dtype=torch.int64) if zero_rows is None else zero_rows.contiguous()
     dq, (dk, dv) = q.new_empty(q.shape), q.new_empty(2, batch, heads, m, d)
     status = backward_library().landmarks_few_keys_backward_f32(
         q.data_ptr(), _strides(q), grad.data_ptr(), _strides(grad), y.data_ptr(), _strides(y), lse.data_ptr(),
         kt.data_ptr(), vt.data_ptr(), k_rows.data_ptr(), padded_bias.data_ptr(), dq.data_ptr(), _strides(dq),
-        dk.data_ptr(), dv.data_ptr(), batch, heads, n, m, mp, d, scale, torch.get_num_threads())
+        dk.data_ptr(), dv.data_ptr(), zero_rows.data_ptr(), zero_rows.shape[-1], batch, heads, n, m, mp, d, scale,
+        torch.get_num_threads())
     if status:
-        raise ValueError(f"landmarks_cpu: m={m} (padded {mp}) or d={d} is not supported by the few-keys backward")
+        raise ValueError(f"landmarks_cpu: m={m} (padded {mp}), d={d} or a zero row outside [0, {n}) is not "
+                         "supported by the few-keys backward")
     return dq, dk, dv
 
 
@@ -245,7 +251,7 @@ class LandmarkAttention(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, bias, y, lse = ctx.saved_tensors
         grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # e.g. the expanded gradient of a sum
-        if _kernel_takes(grad) and backward_library() is not None:
+        if kernel_takes(grad) and backward_library() is not None:
             grads = BACKWARDS[ctx.kind](grad, q, k, v, bias, y, lse, ctx.scale)
         else:
             grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -261,5 +267,5 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
     batch, heads = torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
     q, k, v = (x.expand(batch, heads, *x.shape[2:]) for x in (q, k, v))
-    bias = _key_bias(key_mask, batch, heads, k.shape[-2], q)
+    bias = key_bias(key_mask, batch, heads, k.shape[-2], q)
     return LandmarkAttention.apply(q, k, v, bias, q.shape[-1] ** -0.5, kind)

@@ -227,7 +227,8 @@ def test_bench_train_two_document_task(tmp_path):
 def test_bench_profile_prints_forward_and_backward_operators(capsys):
     """``python -m lra.bench profile``: the variant's forward and backward, each with its time, FLOPs and top
     operators (the CUR forward's landmark products, attention.landmarks_cpu's kernels on CPU, and
-    pseudo-inverse matmuls among them; their backward kernels, not SDPA's); one thread by default."""
+    pseudo-inverse matmuls among them; in the backward CUR's one node, attention.cur_cpu, whose kernels replace
+    SDPA's backward); one thread by default."""
     torch.set_num_threads(2)
     main(["profile", "--variant", "curformer", "--overrides", "num_landmarks=8", "--n", "32", "--batch", "1",
           "--warmup", "0", "--repeats", "1", "--top", "40", "--device", "cpu", "--softmax"])
@@ -240,7 +241,7 @@ def test_bench_profile_prints_forward_and_backward_operators(capsys):
     assert all("GFLOP/s" in line for line in phases)
     forward, backward = out.split("core/curformer[num_landmarks=8] n=32 forward")[1].split("backward:")
     assert "aten::bmm" in forward and "LandmarkAttention" in forward
-    assert "LandmarkAttentionBackward" in backward
+    assert "CURKernelAttentionBackward" in backward
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" not in backward
     with pytest.raises(ValueError, match="not found"):
         main(["profile", "--variant", "no_such_attention", "--device", "cpu"])

@@ -1,0 +1,81 @@
+"""`attention.cur_cpu`: CUR's training path on the CPU kernels as one autograd node, against the float64 CUR of
+the unfused path (values and gradients), and the few-keys backward's ``zero_rows``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention import landmarks_cpu
+from attention.cur import cur_attention
+from attention.selection import select_indices
+from tests.attention_reference import padded_mask
+
+WIDTH = landmarks_cpu.vector_floats()
+D = 2 * WIDTH  # the head size of the kernels' register tiles on this CPU (32 on AVX-512, 16 on AVX2)
+
+
+def operands(n: int, seed: int = 0):
+    """q, k, v ``(2, 2, n, D)`` in the (B, n, H, d) memory of the model's projections."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, n, 2, D, generator=generator).transpose(1, 2) * 1.5 for _ in range(3)]
+
+
+def cur_and_grads(q, k, v, mask, index_q, index_k, grad, dtype, overwrite):
+    """CUR's output and the gradients of ``Σ grad · Y`` over real rows, in ``dtype``, and the output's node."""
+    inputs = [x.to(dtype).detach().requires_grad_() for x in (q, k, v)]
+    y = cur_attention(*inputs, mask, index_q, index_k, overwrite_rows=overwrite)
+    (y * grad.to(dtype) * mask[:, None, :, None]).sum().backward()
+    return [y.detach().double()] + [x.grad.double() for x in inputs], type(y.grad_fn).__name__
+
+
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite rows", "no overwrite"])
+@pytest.mark.parametrize("lengths", [(300, 300), (300, 200), (300, 11)], ids=["full", "padded", "n_real < m"])
+def test_one_node_matches_float64_cur_as_closely_as_the_unfused_path(overwrite, lengths, monkeypatch):
+    """The fused node runs (its backward is the node's), and its output and dQ, dK, dV are as close to float64 as
+    the unfused float32 path (autograd through the two kernels and the row copies); with n_real < m invalid slots
+    (pad positions) are selected too."""
+    q, k, v = operands(300)
+    mask = padded_mask(2, 300, list(lengths))
+    index_q, index_k = select_indices(q, k, mask, 16)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    reference, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float64, overwrite)
+    assert node != "CURKernelAttentionBackward"
+    fused, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float32, overwrite)
+    assert node == "CURKernelAttentionBackward"
+    monkeypatch.setattr("attention.cur_cpu.takes", lambda *args: False)
+    unfused, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float32, overwrite)
+    assert node != "CURKernelAttentionBackward"
+    for name, ours, plain, exact in zip(["Y", "dQ", "dK", "dV"], fused, unfused, reference):
+        ours_error, plain_error = (ours - exact).abs().max().item(), (plain - exact).abs().max().item()
+        assert ours_error <= max(2 * plain_error, 1e-6 * exact.abs().max().item()), (name, ours_error, plain_error)
+        assert plain_error < 1e-5 * exact.abs().max().item(), (name, plain_error)  # the comparison means something
+
+
+def test_few_keys_backward_zero_rows_read_the_gradient_rows_as_zero():
+    """``zero_rows`` gives bit for bit the gradients of a ``dY`` whose rows are zeroed (the same arithmetic)."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 70, 2, D, generator=generator).transpose(1, 2)
+    k, v = torch.randn(2, 2, 2, 9, D, generator=generator)
+    bias = landmarks_cpu.key_bias(None, 2, 2, 9, q)
+    y, row_max, row_sum = landmarks_cpu.few_keys_forward(q, k, v, bias, D**-0.5)
+    lse = row_sum.log() + row_max
+    grad = torch.randn(q.shape, generator=generator)
+    rows = torch.tensor([[[0, 31, 32, 69], [5, 6, 7, 8]], [[40, 2, 64, 63], [1, 33, 34, 35]]])
+    zeroed = grad.scatter(2, rows[..., None].expand(2, 2, 4, D), 0.0)
+    expected = landmarks_cpu.few_keys_backward(zeroed, q, k, v, bias, y, lse, D**-0.5)
+    got = landmarks_cpu.few_keys_backward(grad, q, k, v, bias, y, lse, D**-0.5, zero_rows=rows)
+    for name, ours, theirs in zip("QKV", got, expected):
+        assert torch.equal(ours, theirs), f"d{name}"
+    assert got[0].gather(2, rows[..., None].expand(2, 2, 4, D)).abs().max() == 0
+    assert not torch.equal(got[1], landmarks_cpu.few_keys_backward(grad, q, k, v, bias, y, lse, D**-0.5)[1])
+
+
+def test_few_keys_backward_rejects_a_zero_row_outside_the_sequence():
+    q = torch.randn(1, 1, 10, D)
+    k = v = torch.randn(1, 1, 3, D)
+    bias = landmarks_cpu.key_bias(None, 1, 1, 3, q)
+    y, row_max, row_sum = landmarks_cpu.few_keys_forward(q, k, v, bias, 1.0)
+    with pytest.raises(ValueError, match=r"zero row outside \[0, 10\)"):
+        landmarks_cpu.few_keys_backward(torch.ones_like(q), q, k, v, bias, y, row_max, 1.0,
+                                        zero_rows=torch.tensor([[[10]]]))
