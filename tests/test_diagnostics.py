@@ -105,14 +105,15 @@ def test_cue_agreement_counts_by_hand():
     assert table == {"[MIN": (0, 1.0, 1), "[MAX": (9, 1.0, 1), "[MED": (0, pytest.approx(1 / 3), 3), "[SM": (7, 1.0, 1)}
 
 
-def test_cue_agreement_rebuilds_the_checkpoints_positions(tiny_listops, tmp_path, monkeypatch, capsys, caplog):
-    """A checkpoint trained with rotary positions is probed as a rotary model (its stored settings), not as the
-    default learned-positions model with a freshly initialised position table."""
+def test_cue_agreement_rebuilds_the_checkpoints_model(tiny_listops, tmp_path, monkeypatch, capsys, caplog):
+    """A Nyströmformer checkpoint trained with rotary positions is probed as that model (its stored settings), not
+    as the default attention without Nyström's conv or the default learned positions with a fresh position table."""
     import sys
 
     from lra.analysis.diagnostics import cue_agreement
 
-    config = compose_config(["task=listops", "model/positions=rotary"])
+    config = compose_config(["task=listops", "attention=nystromformer", "attention.num_landmarks=4",
+                             "model/positions=rotary"])
     torch.manual_seed(0)
     model = build_model(config)
     settings = {group: OmegaConf.to_container(config[group], resolve=True) for group in ("attention", "model")}
@@ -124,5 +125,6 @@ def test_cue_agreement_rebuilds_the_checkpoints_positions(tiny_listops, tmp_path
     monkeypatch.setattr(sys, "argv", ["cue_agreement", "--data", str(tmp_path), "--ckpt", str(path)])
     cue_agreement.main()
     out = capsys.readouterr().out
-    assert "[lra] model from the checkpoint" in out
+    assert "[lra] model from the checkpoint" in out and "[lra] attention from the checkpoint: nystromformer" in out
     assert "not in the checkpoint" not in caplog.text  # no parameter (a learned position table) left at its init
+    assert "skipped" not in caplog.text  # no checkpoint parameter (Nyström's conv) left out of the model

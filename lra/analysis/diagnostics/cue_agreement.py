@@ -4,7 +4,8 @@
         [--split test] [--batch 32] [--overrides attention=curformer ...]
 
 The cue (:mod:`lra.analysis.listops_cue`) predicts the most frequent training label of each root operator.
-For the model (``--ckpt``'s weights in the model ``--overrides`` configure) the script prints its
+For the model (``--ckpt``'s weights in the model it was trained as, from the settings the checkpoint stores;
+``--overrides`` change it, and name the model of a checkpoint without settings) the script prints its
 accuracy on ``basic_<split>.tsv``, the cue's, how often the two predict the same label, and the
 model's accuracy on the examples the cue gets wrong, and per root operator the model's most frequent
 prediction and its share: a model that learned only the shortcut predicts one label per operator
@@ -68,9 +69,9 @@ def main() -> None:
     parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt)")
     parser.add_argument("--split", default="test", choices=["val", "test"])
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--overrides", nargs="*", default=["attention=curformer"],
-                        help="Hydra overrides of the model (the attention and model groups the checkpoint stores "
-                             "come from it unless named here)")
+    parser.add_argument("--overrides", nargs="*", default=[],
+                        help="Hydra overrides of the model; the attention and model groups the checkpoint stores "
+                             "come from it unless named here (checkpoints without them need e.g. attention=curformer)")
     args = parser.parse_args()
     data = Path(args.data)
     cue = fit(read_examples(data / "basic_train.tsv"))
