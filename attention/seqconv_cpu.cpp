@@ -5,7 +5,7 @@
 //   weight_grad: gw[p, t] = sum_i in_mask[b, i + t - half] * (g[p, i] . x[p, i + t - half])
 // x, base, y, g: row strides and (b, h) strides in elements (any layout with contiguous rows); masks (B, n) of
 // 0/1 or null; w (H, K); gw (P, K). GCC vector extensions of l1_cpu.py's register width (-DLRA_VECTOR_BYTES):
-// tiles of 4 output rows keep their accumulators in registers across the K taps.
+// tiles of output rows keep their accumulators in registers while each input row in their reach is loaded once.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -19,7 +19,6 @@ namespace {
 #define LRA_VECTOR_BYTES 16
 #endif
 constexpr int kBytes = LRA_VECTOR_BYTES;  // one register of the instruction set l1_cpu.py compiles for
-constexpr int kRows = 4;                  // output rows per tile: kRows x (vectors of d) independent accumulators
 
 template <typename T> struct Simd;
 template <> struct Simd<float> { typedef float vec __attribute__((vector_size(kBytes))); };
@@ -46,31 +45,57 @@ template <typename F> void parallel(int64_t n, int threads, F f) {
   for (auto& worker : pool) worker.join();
 }
 
-// R output rows from i: s[r][c] = sum_t coef(t, j) x[j, c], j = i + r + t - half in [0, n), for the columns
-// [c0, c0 + W) (vector) or c0 alone (scalar tail); coefficients w[t] * in_mask[j]. Accumulators stay in registers.
-template <typename T, int R, typename A, typename L>
-inline void tile(const T* xp, int64_t xrow, const T* w, const T* im, int64_t i, int64_t n, int64_t K, int64_t half,
-                 int64_t c0, A (&acc)[R], L ld) {
-  for (int r = 0; r < R; ++r) acc[r] = A{};
-  for (int64_t t = 0; t < K; ++t) {
+// R output rows from i, V vectors of columns from c0 (or V scalar columns: A = T): acc[r][v] = sum_t w[t] *
+// in_mask[j] * x[j, column], j = i + r + t - half in [0, n). Each input row j is loaded (and masked) once per tile
+// and multiplied into the R outputs it reaches, with the taps' weights splatted once per problem (wv), so the
+// inner loop is one FMA per load of a weight vector; for each output the taps are still summed in order of t.
+template <typename T, int R, int V, typename A, typename Ld>
+inline void tile(const T* xp, int64_t xrow, const A* wv, const T* im, int64_t i, int64_t n, int64_t K,
+                 int64_t half, int64_t c0, A (&acc)[R][V], Ld ld) {
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = A{};
+  // Input rows j reach outputs r with 0 <= t = j - i - r + half < K: all R of them for j in [full_lo, full_hi),
+  // some near the ends (checked per r there only).
+  const int64_t first = std::max<int64_t>(0, i - half), last = std::min<int64_t>(n, i + R - 1 - half + K);
+  const int64_t full_lo = std::clamp(i + R - 1 - half, first, last), full_hi = std::clamp(i - half + K, full_lo, last);
+  auto input = [&](int64_t j, A (&xv)[V]) {  // row j times its mask; false for a masked row (it adds nothing)
+    const T keep = im ? im[j] : T(1);
+    for (int v = 0; v < V; ++v) xv[v] = keep * ld(xp + j * xrow + c0 + v * (int64_t)(sizeof(A) / sizeof(T)));
+    return keep != T(0);
+  };
+  auto edge = [&](int64_t j) {
+    A xv[V];
+    if (!input(j, xv)) return;
     for (int r = 0; r < R; ++r) {
-      const int64_t j = i + r + t - half;
-      if (j < 0 || j >= n) continue;
-      const T coef = im ? w[t] * im[j] : w[t];
-      acc[r] += coef * ld(xp + j * xrow + c0);
+      const int64_t t = j - i - r + half;
+      if (t < 0 || t >= K) continue;
+      for (int v = 0; v < V; ++v) acc[r][v] += wv[t] * xv[v];
     }
+  };
+  for (int64_t j = first; j < full_lo; ++j) edge(j);
+  for (int64_t j = full_lo; j < full_hi; ++j) {
+    A xv[V];
+    if (!input(j, xv)) continue;
+    const A* wj = wv + (j - i + half);  // tap of output r: wj[-r]
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] += wj[-r] * xv[v];
   }
+  for (int64_t j = full_hi; j < last; ++j) edge(j);
 }
+
+// Output rows per tile: R x 2 vector accumulators, as many as the registers allow beside the inputs.
+template <typename T> constexpr int kTileRows = kBytes == 64 ? 8 : 4;
 
 template <typename T>
 void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask, const T* base, Layout bl, T* y,
           Layout yl, int64_t B, int64_t H, int64_t n, int64_t d, int64_t K, int threads) {
   const int64_t half = K / 2;
   parallel(B * H, threads, [=](int64_t lo, int64_t hi) {
+    std::vector<vec<T>> wv(K);
     for (int64_t p = lo; p < hi; ++p) {
       const int64_t b = p / H, h = p % H;
       const T* xp = x + b * xl.b + h * xl.h;
-      const T* wh = w + h * K;
+      for (int64_t t = 0; t < K; ++t) wv[t] = splat(w[h * K + t]);
       const T* im = in_mask ? in_mask + b * n : nullptr;
       const T* om = out_mask ? out_mask + b * n : nullptr;
       auto finish = [&](int64_t i, int64_t c0, auto value, auto st) {  // base + out_mask * value, stored
@@ -89,32 +114,29 @@ void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask
       auto sload = [](const T* q) { return *q; };
       auto vstore = [](T* q, vec<T> v) { store(q, v); };
       auto sstore = [](T* q, T v) { *q = v; };
-      const int64_t dv = d - d % W<T>;
+      // R rows from i: the columns in chunks of two vectors, one vector, then scalars.
+      auto rows = [&](auto tile_rows, int64_t i) {
+        constexpr int R = decltype(tile_rows)::value;
+        int64_t c0 = 0;
+        for (; c0 + 2 * W<T> <= d; c0 += 2 * W<T>) {
+          vec<T> acc[R][2];
+          tile<T, R, 2>(xp, xl.row, wv.data(), im, i, n, K, half, c0, acc, vload);
+          for (int r = 0; r < R; ++r) finish(i + r, c0, acc[r][0], vstore), finish(i + r, c0 + W<T>, acc[r][1], vstore);
+        }
+        for (; c0 + W<T> <= d; c0 += W<T>) {
+          vec<T> acc[R][1];
+          tile<T, R, 1>(xp, xl.row, wv.data(), im, i, n, K, half, c0, acc, vload);
+          for (int r = 0; r < R; ++r) finish(i + r, c0, acc[r][0], vstore);
+        }
+        for (; c0 < d; ++c0) {
+          T acc[R][1];
+          tile<T, R, 1>(xp, xl.row, w + h * K, im, i, n, K, half, c0, acc, sload);
+          for (int r = 0; r < R; ++r) finish(i + r, c0, acc[r][0], sstore);
+        }
+      };
       int64_t i = 0;
-      for (; i + kRows <= n; i += kRows) {
-        for (int64_t c0 = 0; c0 < dv; c0 += W<T>) {
-          vec<T> acc[kRows];
-          tile<T, kRows>(xp, xl.row, wh, im, i, n, K, half, c0, acc, vload);
-          for (int r = 0; r < kRows; ++r) finish(i + r, c0, acc[r], vstore);
-        }
-        for (int64_t c0 = dv; c0 < d; ++c0) {
-          T acc[kRows];
-          tile<T, kRows>(xp, xl.row, wh, im, i, n, K, half, c0, acc, sload);
-          for (int r = 0; r < kRows; ++r) finish(i + r, c0, acc[r], sstore);
-        }
-      }
-      for (; i < n; ++i) {
-        for (int64_t c0 = 0; c0 < dv; c0 += W<T>) {
-          vec<T> acc[1];
-          tile<T, 1>(xp, xl.row, wh, im, i, n, K, half, c0, acc, vload);
-          finish(i, c0, acc[0], vstore);
-        }
-        for (int64_t c0 = dv; c0 < d; ++c0) {
-          T acc[1];
-          tile<T, 1>(xp, xl.row, wh, im, i, n, K, half, c0, acc, sload);
-          finish(i, c0, acc[0], sstore);
-        }
-      }
+      for (; i + kTileRows<T> <= n; i += kTileRows<T>) rows(std::integral_constant<int, kTileRows<T>>{}, i);
+      for (; i < n; ++i) rows(std::integral_constant<int, 1>{}, i);
     }
   });
 }
@@ -122,7 +144,11 @@ void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask
 template <typename T>
 void weight_grad(const T* g, Layout gl, const T* x, Layout xl, const T* in_mask, T* gw, int64_t B, int64_t H,
                  int64_t n, int64_t d, int64_t K, int threads) {
-  constexpr int kTaps = 8;  // taps per pass over the rows: one vector accumulator each, each row of g loaded once
+  // Input-row-major: each row j of x is loaded (and masked) once per group of kTaps taps and multiplied with the
+  // rows i = j - t + half of g it meets, one FMA per loaded g vector; kTaps vector sums (all columns summed into
+  // the tap's vector) stay in registers over all rows.
+  constexpr int kTaps = kBytes == 64 ? 16 : 8;
+  constexpr int kChunk = 4;  // x vectors held per row
   const int64_t half = K / 2, dv = d - d % W<T>;
   parallel(B * H, threads, [=](int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; ++p) {
@@ -134,22 +160,32 @@ void weight_grad(const T* g, Layout gl, const T* x, Layout xl, const T* in_mask,
         const int taps = (int)std::min<int64_t>(kTaps, K - t0);
         vec<T> acc[kTaps] = {};
         T tail[kTaps] = {};
-        for (int64_t i = 0; i < n; ++i) {
-          const T* gr = gp + i * gl.row;
-          for (int64_t c = 0; c < dv; c += W<T>) {
-            const vec<T> gv = load(gr + c);
+        // rows j whose every tap u of the group meets a row i = j - t0 - u + half in [0, n)
+        const int64_t full_lo = std::clamp<int64_t>(t0 + taps - 1 - half, 0, n);
+        const int64_t full_hi = std::clamp<int64_t>(n + t0 - half, full_lo, n);
+        for (int64_t c = 0; c < dv; c += kChunk * W<T>) {
+          const int cv = (int)std::min<int64_t>(kChunk, (dv - c) / W<T>);
+          auto row = [&](int64_t j, bool checked) {
+            const T keep = im ? im[j] : T(1);
+            if (keep == T(0)) return;  // a masked row of x adds nothing
+            vec<T> xv[kChunk];
+            for (int e = 0; e < cv; ++e) xv[e] = keep * load(xp + j * xl.row + c + e * W<T>);
+            const T* gj = gp + (j - t0 + half) * gl.row + c;  // row i of tap u: gj - u * gl.row
             for (int u = 0; u < taps; ++u) {
-              const int64_t j = i + t0 + u - half;
-              if (j < 0 || j >= n) continue;
-              acc[u] += (im ? im[j] : T(1)) * (gv * load(xp + j * xl.row + c));
+              if (checked && (j - t0 - u + half < 0 || j - t0 - u + half >= n)) continue;
+              for (int e = 0; e < cv; ++e) acc[u] += load(gj - u * gl.row + e * W<T>) * xv[e];
             }
-          }
+          };
+          for (int64_t j = 0; j < full_lo; ++j) row(j, true);
+          for (int64_t j = full_lo; j < full_hi; ++j) row(j, false);
+          for (int64_t j = full_hi; j < n; ++j) row(j, true);
+        }
+        for (int64_t j = 0; j < n; ++j)  // scalar tail columns
           for (int64_t c = dv; c < d; ++c)
             for (int u = 0; u < taps; ++u) {
-              const int64_t j = i + t0 + u - half;
-              if (j >= 0 && j < n) tail[u] += (im ? im[j] : T(1)) * gr[c] * xp[j * xl.row + c];
+              const int64_t i = j - t0 - u + half;
+              if (i >= 0 && i < n) tail[u] += (im ? im[j] : T(1)) * gp[i * gl.row + c] * xp[j * xl.row + c];
             }
-        }
         for (int u = 0; u < taps; ++u) {
           T total = tail[u];
           for (int e = 0; e < W<T>; ++e) total += acc[u][e];

@@ -204,16 +204,18 @@ def test_matches_dense_nystrom_with_either_pinv_init(pinv_init):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("n", [3, 37, 64, 101])
-def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n, monkeypatch):
-    """``base + conv(x ⊙ mask)`` with x and base in the model's (B, n, H, d) memory and d = 20 (whole vectors and a
-    scalar tail): the CPU kernel against the banded products, values and the gradients of x, the kernel and base
-    (float32: a 35-term sum and its rounding, relative to the size of the terms)."""
+@pytest.mark.parametrize("d", [20, 40])
+def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n, d, monkeypatch):
+    """``base + conv(x ⊙ mask)`` with x and base in the model's (B, n, H, d) memory and d = 20 or 40 (chunks of two
+    vectors, one vector and a scalar tail on every vector width): the CPU kernel against the banded products,
+    values and the gradients of x, the kernel and base (float32: a 35-term sum and its rounding, relative to the
+    size of the terms)."""
     generator = torch.Generator().manual_seed(n)
     conv = SequenceConv(2, 35).to(dtype)
-    x = torch.randn(2, n, 2, 20, generator=generator, dtype=dtype).transpose(1, 2).requires_grad_()
-    base = torch.randn(2, n, 2, 20, generator=generator, dtype=dtype).transpose(1, 2).requires_grad_()
+    x = torch.randn(2, n, 2, d, generator=generator, dtype=dtype).transpose(1, 2).requires_grad_()
+    base = torch.randn(2, n, 2, d, generator=generator, dtype=dtype).transpose(1, 2).requires_grad_()
     mask = torch.rand(2, n, generator=generator) > 0.3
-    upstream = torch.randn(2, 2, n, 20, generator=generator, dtype=dtype)
+    upstream = torch.randn(2, 2, n, d, generator=generator, dtype=dtype)
     results = []
     for kernel in (True, False):
         monkeypatch.setattr(seqconv_cpu, "CPU_KERNEL", kernel)
@@ -222,7 +224,7 @@ def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n,
     big = lambda t: float(t.detach().abs().max())  # noqa: E731
     terms = {  # sums: y and ∂x over the K taps, ∂w over every (b, i, c); the size of their terms
         "y": (35, 35 * big(x) * big(conv.weight) + big(base)), "x": (35, 35 * big(upstream) * big(conv.weight)),
-        "weight": (2 * n * 20, 2 * n * 20 * big(upstream) * big(x)), "base": (1, big(upstream))}
+        "weight": (2 * n * d, 2 * n * d * big(upstream) * big(x)), "base": (1, big(upstream))}
     for name, got, expected in zip(terms, *results):
         length, scale = terms[name]
         torch.testing.assert_close(got, expected, **tolerance(dtype, length, scale=scale), msg=name)
