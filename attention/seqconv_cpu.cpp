@@ -1,8 +1,10 @@
-// CPU kernels of Nyström's depthwise sequence conv (attention/nystrom.py, SequenceConv; docs/design.md §2).
+// CPU kernels of Nyström's sequence operations (attention/nystrom.py; docs/design.md §2): the depthwise conv
+// (SequenceConv) and the sums of the landmark segments (segment_means).
 // Built with attention/l1_cpu.py's build() and called through ctypes. Per problem p = (b, h) of P = B*H, rows of d
 // contiguous values, odd kernel size K, half = K / 2, zero outside [0, n):
 //   conv:        y[p, i] = base[p, i] + out_mask[b, i] * sum_t w[h, t] * in_mask[b, i + t - half] * x[p, i + t - half]
 //   weight_grad: gw[p, t] = sum_i in_mask[b, i + t - half] * (g[p, i] . x[p, i + t - half])
+//   segment_sums: sums[p, s] = sum_{i: segment[b, i] = s} x[p, i] for s < m
 // x, base, y, g: row strides and (b, h) strides in elements (any layout with contiguous rows); masks (B, n) of
 // 0/1 or null; w (H, K); gw (P, K). GCC vector extensions of l1_cpu.py's register width (-DLRA_VECTOR_BYTES):
 // tiles of output rows keep their accumulators in registers while each input row in their reach is loaded once.
@@ -196,6 +198,31 @@ void weight_grad(const T* g, Layout gl, const T* x, Layout xl, const T* in_mask,
   });
 }
 
+// sums[p, s] = sum of the rows x[p, i] with segment[b, i] = s, for s < m (rows of other segments, e.g. padding
+// put in segment m, are skipped), added in order of i; sums (P, m, d) contiguous.
+template <typename T>
+void segment_sums(const T* x, Layout xl, const int64_t* segment, T* sums, int64_t B, int64_t H, int64_t n,
+                  int64_t d, int64_t m, int threads) {
+  const int64_t dv = d - d % W<T>;
+  parallel(B * H, threads, [=](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const int64_t b = p / H, h = p % H;
+      const T* xp = x + b * xl.b + h * xl.h;
+      const int64_t* seg = segment + b * n;
+      T* out = sums + p * m * d;
+      std::fill(out, out + m * d, T(0));
+      for (int64_t i = 0; i < n; ++i) {
+        if (seg[i] < 0 || seg[i] >= m) continue;
+        T* o = out + seg[i] * d;
+        const T* xr = xp + i * xl.row;
+        int64_t c = 0;
+        for (; c < dv; c += W<T>) store(o + c, load(o + c) + load(xr + c));
+        for (; c < d; ++c) o[c] += xr[c];
+      }
+    }
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -210,6 +237,10 @@ extern "C" {
                                     int64_t xh, int64_t xr, const T* in_mask, T* gw, int64_t B, int64_t H,       \
                                     int64_t n, int64_t d, int64_t K, int threads) {                              \
     weight_grad<T>(g, {gb, gh, gr}, x, {xb, xh, xr}, in_mask, gw, B, H, n, d, K, threads);                       \
+  }                                                                                                              \
+  void segment_sums_##suffix(const T* x, int64_t xb, int64_t xh, int64_t xr, const int64_t* segment, T* sums,    \
+                             int64_t B, int64_t H, int64_t n, int64_t d, int64_t m, int threads) {               \
+    segment_sums<T>(x, {xb, xh, xr}, segment, sums, B, H, n, d, m, threads);                                    \
   }
 LRA_SEQCONV(float, f32)
 LRA_SEQCONV(double, f64)

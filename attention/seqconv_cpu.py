@@ -1,4 +1,5 @@
-"""CPU kernels of Nyström's depthwise sequence conv (:class:`attention.nystrom.SequenceConv`; docs/design.md §2).
+"""CPU kernels of Nyström's depthwise sequence conv (:class:`attention.nystrom.SequenceConv`; docs/design.md §2) and
+of its landmarks' segment sums (:class:`SegmentSums`).
 
 Per head ``h`` with kernel ``w[h]`` of odd size ``K`` and pad mask ``m``::
 
@@ -6,13 +7,15 @@ Per head ``h`` with kernel ``w[h]`` of odd size ``K`` and pad mask ``m``::
     ∂x_j = m_j Σ_t w[h, t] g_{j − t + K//2},   ∂w[h, t] = Σ_{b,i} m_j (g_i · x_j),   ∂base = g
 
 ``seqconv_cpu.cpp`` computes the conv (the gradient of x is the same conv with the reversed kernel, masked on
-output) and the weight gradient with register tiles of 4 output rows, reading any layout whose rows are
-contiguous (the model's (B, n, H, d) memory needs no copy) and writing the sum with ``base`` in one pass.
+output) and the weight gradient with register tiles that load each input row once for all outputs it reaches,
+reading any layout whose rows are contiguous (the model's (B, n, H, d) memory needs no copy) and writing the sum
+with ``base`` in one pass.
 Built like the L1 kernels (:func:`attention.l1_cpu.build`: the system compiler, this instruction set's flags,
 cached); without a compiler :class:`attention.nystrom.SequenceConv` warns once and runs its banded matrix
 products instead, as it does on other devices and under ``torch.compile`` (ctypes would break the graph).
 Measured (n = 4096, B = 8, H = 2, d = 32, K = 35, one thread, busy machine): forward 5.7 vs 11.9 ms,
-forward + backward 16.5 vs 38.6 ms for the banded products.
+forward + backward 16.5 vs 38.6 ms for the banded products; the tiles loading each input row once (2026-11-25)
+took the conv from 3.5 to 1.8 ms and the weight gradient from 5.6 to 3.0 ms (docs/bench.md).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def library() -> ctypes.CDLL | None:
                                                       i64, i64, i64, i64, i64, i64, i64, ctypes.c_int]
         getattr(lib, f"seqconv_weight_grad_{suffix}").argtypes = [ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr,
                                                                   i64, i64, i64, i64, i64, ctypes.c_int]
+        getattr(lib, f"segment_sums_{suffix}").argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64,
+                                                           ctypes.c_int]
     return lib
 
 
@@ -96,3 +101,30 @@ class ConvFunction(torch.autograd.Function):
                 batch, heads, n, d, weight.shape[-1], torch.get_num_threads())
             grad_w = partial.sum(0)
         return grad_x, grad_w, None, grad if ctx.needs_input_grad[3] else None
+
+
+class SegmentSums(torch.autograd.Function):
+    """``sums[b, h, s] = Σ_{i: segment[b, i] = s} x[b, h, i]`` ``(B, H, m, d)`` for ``x`` ``(B, H, n, d)`` (rows
+    contiguous) and long ``segment`` ``(B, n)``; rows whose segment is outside ``[0, m)`` (padding) are left out.
+    One pass over ``x`` in any layout (``segment_sums`` of ``seqconv_cpu.cpp``), where a ``scatter_add`` reads an
+    index per element; backward gives each row its segment's gradient (0 for left-out rows)."""
+
+    @staticmethod
+    def forward(ctx, x, segment, m: int):
+        batch, heads, n, d = x.shape
+        segment = segment.contiguous()
+        sums = x.new_empty(batch, heads, m, d)
+        suffix = "f32" if x.dtype == torch.float32 else "f64"
+        getattr(library(), f"segment_sums_{suffix}")(x.data_ptr(), *x.stride()[:3], segment.data_ptr(),
+                                                     sums.data_ptr(), batch, heads, n, d, m, torch.get_num_threads())
+        ctx.save_for_backward(segment)
+        return sums
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (segment,) = ctx.saved_tensors
+        batch, heads, m, d = grad.shape
+        padded = torch.cat([grad, grad.new_zeros(batch, heads, 1, d)], 2)  # segment m (and beyond): 0
+        index = segment.clamp(0, m)[:, None, :, None].expand(batch, heads, segment.shape[-1], d)
+        return padded.gather(2, index), None, None

@@ -33,21 +33,30 @@ def test_segment_means_are_mask_aware_with_mixed_sizes():
     assert valid[1].tolist() == [True, True, False]  # ranks 0, 1 -> segments 0, 1
 
 
-def test_segment_means_of_either_memory_layout_are_the_same():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("d", [4, 40])
+def test_segment_means_of_either_memory_layout_and_the_kernel_are_the_same(dtype, d, monkeypatch):
     """Rows of d values for contiguous (B, H, n, d) input, rows of H·d for the model's (B, n, H, d) memory (what
-    ``MultiHeadAttention`` passes): the same sums in the same order, and their gradients."""
-    x = torch.randn(2, 3, 37, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ``MultiHeadAttention`` passes), by the ``scatter_add`` of other devices and by the CPU kernel
+    (``seqconv_cpu.SegmentSums``): the same sums in the same order, and their gradients, bit for bit."""
+    x = torch.randn(2, 3, 37, d, dtype=dtype, generator=torch.Generator().manual_seed(0))
     mask = padded_mask(2, 37, [37, 20])
+    mask[0, 5] = False  # a pad inside the sequence
     model_layout = x.transpose(1, 2).contiguous().transpose(1, 2)
     assert x.is_contiguous() and model_layout.transpose(1, 2).is_contiguous()
     results = []
-    for source in (x, model_layout):
-        leaf = source.detach().requires_grad_()
-        means, valid = segment_means(leaf, mask, 6)
-        (grad,) = torch.autograd.grad((means * torch.arange(4.0, dtype=torch.float64)).sum(), leaf)
-        results.append((means, valid, grad))
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
+    for kernel in (True, False):
+        monkeypatch.setattr(seqconv_cpu, "CPU_KERNEL", kernel)
+        for source in (x, model_layout):
+            leaf = source.detach().requires_grad_()
+            means, valid = segment_means(leaf, mask, 6)
+            assert (type(means.grad_fn.next_functions[0][0]).__name__ == "SegmentSumsBackward") == kernel
+            (grad,) = torch.autograd.grad((means * torch.arange(float(d), dtype=dtype)).sum(), leaf)
+            results.append((means, valid, grad))
+    assert results[0][2][0, :, 5].abs().max() == 0  # the pad row gets no gradient
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("lengths", [[40, 40], [40, 23]])
