@@ -1,6 +1,5 @@
 // CPU kernels of landmark attention, float32, built and called by attention/landmarks_cpu.py (plain C ABI
-// through ctypes; the math is in its docstring):
-// * landmarks_abs_row_sums: sum_e |x_ie| per row (CUR's `abs` selection priorities) in one pass, no |X| tensor;
+// through ctypes; the math is in its docstring; selecting the landmarks: landmarks_selection_cpu.cpp):
 // * landmarks_few_keys_attend / landmarks_few_queries_attend: the forward of softmax attention when the keys
 //   (C W of CUR and Nyström) or the queries (R V, Nyström's k3 V) are at most 128 (Proxyformer keeps SDPA: its
 //   training step was slower with them, docs/bench.md). Per problem p (a (batch, head) pair) and query row i:
@@ -220,35 +219,9 @@ void few_queries_all(const float* qt, const float* k, const int64_t* k_strides, 
   });
 }
 
-// Rows [lo, hi) of x (row i of problem i / n at base + (i / n / heads) * s0 + (i / n % heads) * s1 + (i % n) * s2).
-void abs_row_sums(const float* x, const int64_t* strides, float* out, int64_t heads, int64_t n, int64_t d,
-                  int64_t lo, int64_t hi) {
-  for (int64_t row = lo; row < hi; ++row) {
-    const int64_t p = row / n, i = row % n;
-    const float* xi = x + p / heads * strides[0] + p % heads * strides[1] + i * strides[2];
-    vec total = {};
-    int64_t e = 0;
-    for (; e + W <= d; e += W) total += (vec)((ivec)load(xi + e) & INT32_MAX);
-    float sum = hsum(total)[0];
-    for (; e < d; ++e) sum += std::abs(xi[e]);
-    out[row] = sum;
-  }
-}
-
 }  // namespace
 
 extern "C" {
-// out (batch, heads, n) contiguous = sum over the last dimension of |x|, x (batch, heads, n, d) at strides
-// (last stride 1). Returns 0.
-int landmarks_abs_row_sums_f32(const float* x, const int64_t* strides, float* out, int64_t batch, int64_t heads,
-                                int64_t n, int64_t d, int threads) {
-  const int64_t rows = batch * heads * n, parts = std::max<int64_t>(1, std::min<int64_t>(threads, rows / 4096));
-  parallel(parts, threads, [=](int64_t lo, int64_t hi) {
-    abs_row_sums(x, strides, out, heads, n, d, rows * lo / parts, rows * hi / parts);
-  });
-  return 0;
-}
-
 int landmarks_vector_bytes() { return kBytes; }
 
 // q: (batch, heads, n, d) at strides q_strides[0..2] (last stride 1); kt (batch * heads, d, mp), bias

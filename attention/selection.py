@@ -73,8 +73,12 @@ def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool
     """Indices of the ``m`` highest priorities ``(B, H, n)`` among real tokens, ascending -> ``(B, H, m)``.
 
     The indices a stable descending sort would rank first, without sorting over ``n``: every priority above
-    the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf).
+    the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf). On CPU
+    (float32, eager) the same by a kernel (:func:`attention.landmarks_cpu.top_indices`).
     """
+    top = landmarks_cpu.top_indices(priority, key_mask, m, force_cls)
+    if top is not None:
+        return top
     priority = priority.nan_to_num(nan=torch.inf, posinf=torch.inf).masked_fill(~key_mask[:, None, :], -torch.inf)
     if force_cls:
         priority[..., 0] = torch.inf

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from attention.selection import select_indices
+from attention import landmarks_cpu
+from attention.selection import _top, select_indices
 from tests.attention_reference import padded_mask
 
 
@@ -57,9 +58,12 @@ def test_ties_break_by_lowest_index():
     assert index[0, 0].tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["cpu_kernel", "pytorch"])
 @pytest.mark.parametrize("force_cls", [False, True])
-def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls):
-    """Integer priorities (many ties), pads, fewer real tokens than m: the m winners of a stable sort."""
+def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls, kernel, monkeypatch):
+    """Integer priorities (many ties), pads, fewer real tokens than m: the m winners of a stable sort, by the CPU
+    kernel (attention.landmarks_cpu.top_indices) and by the PyTorch form of other devices."""
+    monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(0)
     q = torch.randint(-2, 3, (3, 2, 50, 1), generator=generator).float()  # 'sum' priority = the value
     mask = padded_mask(3, 50, [50, 31, 5])
@@ -70,6 +74,25 @@ def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls):
         index, _ = select_indices(q, torch.zeros_like(q), mask, m, "sum", force_cls=force_cls)
         ranked = torch.sort(priority, dim=-1, descending=True, stable=True).indices[..., :m]
         assert torch.equal(index, ranked.sort(dim=-1).values), m
+
+
+def test_top_m_kernel_equals_the_pytorch_form_with_nan_and_infinite_priorities(monkeypatch):
+    """NaN ranks as +inf, ±inf and ties among them break by the lowest index, a masked NaN is padding: the kernel
+    and the PyTorch form pick the same indices."""
+    generator = torch.Generator().manual_seed(1)
+    priority = torch.randint(-3, 4, (3, 2, 40), generator=generator).float()
+    special = torch.rand(priority.shape, generator=generator)
+    priority[special < 0.1] = float("nan")
+    priority[(special >= 0.1) & (special < 0.15)] = float("inf")
+    priority[(special >= 0.15) & (special < 0.2)] = float("-inf")
+    mask = padded_mask(3, 40, [40, 23, 3])
+    for force_cls in (False, True):
+        for m in (1, 5, 23, 40):
+            kernel = landmarks_cpu.top_indices(priority, mask, m, force_cls)
+            monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", False)
+            assert landmarks_cpu.top_indices(priority, mask, m, force_cls) is None  # _top runs the PyTorch form
+            assert torch.equal(kernel, _top(priority.clone(), mask, m, force_cls)), (m, force_cls)
+            monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", True)
 
 
 def test_step_is_uniform_stride_over_real_tokens():
