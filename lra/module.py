@@ -12,6 +12,7 @@ from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from lra.checkpoints import CHECKPOINT_SETTINGS
+from lra.stage_clock import StageClock
 
 
 class LRAModule(L.LightningModule):
@@ -50,7 +51,8 @@ class LRAModule(L.LightningModule):
         self.test_predictions: dict[str, dict[str, list]] = {}
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # survives resume from last.ckpt
-        self.samples_seen = 0
+        self.samples_seen = 0  # training samples of this rank, over every process of a resumed run
+        self.clock = StageClock()  # training wall time, over every process of a resumed run
         self.val_curve: list[list[float]] = []
 
     def configure_model(self) -> None:
@@ -99,12 +101,18 @@ class LRAModule(L.LightningModule):
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
         self.val_curve.append([self.global_step, float(accuracy)])
 
+    def on_fit_start(self) -> None:
+        self.clock.start()
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["val_curve"] = self.val_curve
         checkpoint["settings"] = self.settings
+        checkpoint["train_time_s"], checkpoint["samples_seen"] = self.clock.seconds(), self.samples_seen
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.val_curve = list(checkpoint.get("val_curve", []))
+        self.clock.before = checkpoint.get("train_time_s", 0.0)
+        self.samples_seen = checkpoint.get("samples_seen", 0)
 
     def on_test_epoch_start(self) -> None:
         datamodule = self.trainer.datamodule

@@ -33,6 +33,7 @@ from torch import nn
 
 from lra.callbacks import LastCheckpoint
 from lra.module import optimizers_per_step
+from lra.stage_clock import StageClock
 
 ENCODER_CHECKPOINT = "encoder.ckpt"  # <run dir>/pretrain/encoder.ckpt: written when the stage ends, marks it done
 # Callbacks of configs/callbacks/ that belong to the supervised stage (best-val checkpoint, validation, its
@@ -100,7 +101,7 @@ class PretrainModule(L.LightningModule):
         self.settings = settings
         self.curve_every = curve_every
         self.loss_curve: list[list[float]] = []
-        self.time_s: float | None = None  # the stage's wall time, set when it ends (saved in encoder.ckpt)
+        self.clock = StageClock()  # the stage's wall time over every process of a resumed stage
 
     def loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Masked-token cross-entropy of a batch (its ``input_ids`` and ``mask`` only) and the auxiliary losses."""
@@ -124,13 +125,17 @@ class PretrainModule(L.LightningModule):
             self.loss_curve.append([step, float(loss.detach())])  # one host sync every curve_every steps
         return loss
 
+    def on_fit_start(self) -> None:
+        self.clock.start()
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["pretrain_loss_curve"] = self.loss_curve
         checkpoint["settings"] = self.settings
-        checkpoint["pretrain_time_s"] = self.time_s
+        checkpoint["pretrain_time_s"] = self.clock.seconds()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.loss_curve = list(checkpoint.get("pretrain_loss_curve", []))
+        self.clock.before = checkpoint.get("pretrain_time_s") or 0.0
 
     def configure_optimizers(self) -> dict:
         return optimizers_per_step(self.optimizer_factory, self.scheduler_factory, self.parameters())

@@ -16,7 +16,6 @@ import errno
 import math
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -115,14 +114,12 @@ def pretrain_stage(cfg: DictConfig, run_dir: Path, loggers: list) -> tuple[Path,
         trainer = build_trainer(cfg, stage_dir, loggers, pretrain_callbacks(cfg, stage_dir), max_steps=cfg.pretrain.steps,
                                 limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False)
         resume_from, _ = resume_checkpoint(stage_dir)
-        started = time.perf_counter()
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         except BaseException as error:
             error.step, error.pretrain_step = 0, trainer.global_step  # no supervised step yet
             raise
-        module.time_s = time.perf_counter() - started
-        trainer.save_checkpoint(encoder, weights_only=True)
+        trainer.save_checkpoint(encoder, weights_only=True)  # with the stage's wall time (its clock)
     print(f"[lra] pretraining done: {encoder}; the supervised stage starts from its encoder", flush=True)
     return encoder, read_encoder_record(encoder)
 
@@ -146,10 +143,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     trainer = build_trainer(cfg, run_dir, loggers)
     resume_from, resumed_from_step = resume_checkpoint(run_dir)
     reset_peak_memory()
-    started = time.perf_counter()
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
-        train_time = time.perf_counter() - started
+        train_time, samples = module.clock.seconds(), module.samples_seen  # before testing loads a checkpoint
         has_best = bool(getattr(trainer.checkpoint_callback, "best_model_path", ""))
         val_curve = list(module.val_curve)  # testing loads the best checkpoint, whose curve ends at its step
         per_loader = trainer.test(module, datamodule=datamodule, ckpt_path="best" if has_best else None)
@@ -163,7 +159,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         **test_accuracies(per_loader),
         "steps": trainer.global_step,
         "train_time_s": train_time,
-        "samples_per_s": module.samples_seen * trainer.world_size / train_time if train_time > 0 else None,
+        "samples_per_s": samples * trainer.world_size / train_time if train_time > 0 else None,
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if has_best else None,
         "resumed_from_step": resumed_from_step,
         "val_curve": val_curve,

@@ -180,7 +180,8 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     assert "at pretraining step 3" in first.stdout
     interrupted = json.loads((run_dir / "results.json").read_text())
     assert interrupted["status"] == "interrupted" and interrupted["pretrain_step"] == 3 and interrupted["steps"] == 0
-    assert (run_dir / "pretrain" / "checkpoints" / "interrupted-3.ckpt").is_file()
+    first_part = torch.load(run_dir / "pretrain" / "checkpoints" / "interrupted-3.ckpt", weights_only=False)
+    assert first_part["pretrain_time_s"] > 0  # the stage's clock so far
     assert not (run_dir / "pretrain" / "encoder.ckpt").exists() and not (run_dir / "checkpoints").exists()
 
     refused = run_cli([*args, "pretrain.mask_ratio=0.25"])
@@ -193,6 +194,7 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     assert "3/4 [" in resumed.stdout and "3/3 [" not in resumed.stdout
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "completed" and record["pretrain_steps"] == 6 and record["steps"] == 4
+    assert record["pretrain_time_s"] > first_part["pretrain_time_s"]  # both processes' time
 
     # The same run never stopped: the same masks and dropout, so the same loss curve and test accuracy.
     straight = tmp_path / "straight"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
 import torch
 
 from tests.conftest import run_cli
@@ -108,7 +109,8 @@ def test_last_checkpoint_follows_training_not_the_best_score(tiny_listops_overri
 def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides, tmp_path):
     """SIGTERM (e.g. SLURM preemption) between evaluations: interrupted-<step>.ckpt and last.ckpt at that step,
     results.json says ``interrupted`` at that step, the exit code is 143 (128 + SIGTERM); the same command
-    resumes there and is evaluated once, at its last step (eval_every is longer than the run)."""
+    resumes there and is evaluated once, at its last step (eval_every is longer than the run). The record's
+    training time and samples count both processes (the interrupted one's from its checkpoint)."""
     run_dir = tmp_path / "run"
     args = ["-m", "lra.train", *tiny_listops_overrides, "task.eval_every=1000", "trainer.max_steps=6", FAULTS,
             f"hydra.run.dir={run_dir}"]
@@ -121,9 +123,15 @@ def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "interrupted" and record["steps"] == 3
 
+    first_part = torch.load(interrupted[0], weights_only=False)
+    batch_size = 16  # tiny_listops_overrides' task.batch_size; 64 train examples: every batch is full
+    assert first_part["train_time_s"] > 0 and first_part["samples_seen"] == 3 * batch_size
+
     second = run_cli(args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "(step 3)" in second.stdout
     record = json.loads((run_dir / "results.json").read_text())
     assert record["steps"] == 6 and record["resumed_from_step"] == 3
     assert [point[0] for point in record["val_curve"]] == [6]
+    assert record["train_time_s"] > first_part["train_time_s"]
+    assert record["samples_per_s"] * record["train_time_s"] == pytest.approx(6 * batch_size)
