@@ -213,7 +213,8 @@ def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torc
 def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
                       zero_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dQ, dK, dV)`` of :func:`few_keys_forward` from the gradient ``grad`` of ``y`` and its ``lse``
-    ``(B, H, n)``, each contiguous (``landmarks_backward_cpu.cpp`` has the equations). ``zero_rows`` long
+    ``(B, H, n)`` (``landmarks_backward_cpu.cpp`` has the equations); ``dQ`` in ``q``'s memory layout (the model's
+    ``(B, n, H, d)``: autograd then passes it to the projection without a copy), ``dK``, ``dV`` contiguous. ``zero_rows`` long
     ``(B, H, r)``: rows of ``y`` the caller overwrote after the forward, whose ``grad`` rows count as 0 (their
     ``dQ`` rows are 0), without a copy of ``grad``."""
     batch, heads, n, d = q.shape
@@ -222,7 +223,7 @@ def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
     kt, vt, k_rows = _transposed(k, mp), _transposed(v, mp), k.contiguous()  # held: ctypes keeps no reference
     padded_bias = _padded_bias(bias, batch, heads, m, mp)
     zero_rows = q.new_empty(batch, heads, 0, dtype=torch.int64) if zero_rows is None else zero_rows.contiguous()
-    dq, (dk, dv) = q.new_empty(q.shape), q.new_empty(2, batch, heads, m, d)
+    dq, (dk, dv) = torch.empty_like(q), q.new_empty(2, batch, heads, m, d)  # dQ in q's memory layout
     status = backward_library().landmarks_few_keys_backward_f32(
         q.data_ptr(), _strides(q), grad.data_ptr(), _strides(grad), y.data_ptr(), _strides(y), lse.data_ptr(),
         kt.data_ptr(), vt.data_ptr(), k_rows.data_ptr(), padded_bias.data_ptr(), dq.data_ptr(), _strides(dq),
@@ -235,7 +236,8 @@ def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
 
 
 def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dQ, dK, dV)`` of :func:`few_queries_forward`, as :func:`few_keys_backward`."""
+    """``(dQ, dK, dV)`` of :func:`few_queries_forward`, as :func:`few_keys_backward`; here ``dK`` and ``dV`` (the
+    sequence side) take the layouts of ``k`` and ``v``, and ``dQ`` is contiguous."""
     batch, heads, m, d = q.shape
     n = k.shape[-2]
     mq = padded(m)
@@ -244,7 +246,7 @@ def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float) -> tuple[tor
     delta[..., :m] = (grad * y).sum(-1)
     bias, qt, dyt = bias.contiguous(), _transposed(q, mq), _transposed(grad, mq)  # held: ctypes keeps no reference
     q_rows, grad_rows = q.contiguous(), grad.contiguous()
-    dq, (dk, dv) = q.new_empty(q.shape), q.new_empty(2, batch, heads, n, d)
+    dq, dk, dv = q.new_empty(q.shape), torch.empty_like(k), torch.empty_like(v)  # dK, dV in k's, v's layouts
     status = backward_library().landmarks_few_queries_backward_f32(
         qt.data_ptr(), dyt.data_ptr(), q_rows.data_ptr(), grad_rows.data_ptr(), neg_lse.data_ptr(),
         delta.data_ptr(), k.data_ptr(), _strides(k),

@@ -79,3 +79,15 @@ def test_few_keys_backward_rejects_a_zero_row_outside_the_sequence():
     with pytest.raises(ValueError, match=r"zero row outside \[0, 10\)"):
         landmarks_cpu.few_keys_backward(torch.ones_like(q), q, k, v, bias, y, row_max, 1.0,
                                         zero_rows=torch.tensor([[[10]]]))
+
+
+def test_gradients_come_in_the_memory_layout_of_the_inputs():
+    """dQ, dK, dV in the (B, n, H, d) memory of the model's projections, so autograd hands them to the projections
+    without a transposing copy each (the strides of the inputs, not contiguous (B, H, n, d))."""
+    q, k, v = [x.requires_grad_() for x in operands(300)]
+    mask = padded_mask(2, 300, [300, 200])
+    index_q, index_k = select_indices(q, k, mask, 16)
+    y = cur_attention(q, k, v, mask, index_q, index_k)
+    assert type(y.grad_fn).__name__ == "CURKernelAttentionBackward"
+    grads = torch.autograd.grad(y.sum(), (q, k, v))
+    assert [g.stride() for g in grads] == [x.stride() for x in (q, k, v)] and not q.is_contiguous()
