@@ -71,7 +71,7 @@ class CURKernelAttention(torch.autograd.Function):
         zero_rows = index_q if ctx.overwrite_rows else None  # overwritten rows: no gradient through C W
         dq, dk_rows, dw = landmarks_cpu.few_keys_backward(grad, q, k_rows, ctx.w, landmark_bias, y, y_lse,
                                                           ctx.scale, zero_rows)
-        dq_rows, dk_rows_middle, drv = torch.autograd.grad(ctx.w, ctx.middle, dw)
+        dq_rows, dk_rows_middle, drv = torch.autograd.grad(ctx.w, ctx.middle, dw, retain_graph=True)  # as ctx's
         if ctx.overwrite_rows:
             drv += grad.gather(2, rows_q)
         dq_rows_rv, dk, dv = landmarks_cpu.few_queries_backward(drv, q_rows, k, v, key_bias, rv, rv_lse, ctx.scale)

@@ -91,3 +91,17 @@ def test_gradients_come_in_the_memory_layout_of_the_inputs():
     assert type(y.grad_fn).__name__ == "CURKernelAttentionBackward"
     grads = torch.autograd.grad(y.sum(), (q, k, v))
     assert [g.stride() for g in grads] == [x.stride() for x in (q, k, v)] and not q.is_contiguous()
+
+
+def test_a_retained_graph_runs_backward_twice():
+    """``backward(retain_graph=True)`` twice through the node adds the same gradients twice (its m × m middle is
+    kept as long as the node)."""
+    q, k, v = [x.requires_grad_() for x in operands(100)]
+    mask = padded_mask(2, 100, [100, 60])
+    index_q, index_k = select_indices(q, k, mask, 8)
+    y = cur_attention(q, k, v, mask, index_q, index_k)
+    y.square().sum().backward(retain_graph=True)
+    once = [x.grad.clone() for x in (q, k, v)]
+    y.square().sum().backward()
+    for twice, single in zip((q.grad, k.grad, v.grad), once):
+        torch.testing.assert_close(twice, 2 * single)
