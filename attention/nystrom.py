@@ -173,13 +173,18 @@ class SequenceConv(nn.Module):
         band = (shift >= 0) & (shift < self.kernel_size)
         return torch.where(band, self.weight[:, 0, shift.clamp(0, self.kernel_size - 1)], 0.0).to(dtype)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None, base: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None, base: torch.Tensor | None = None,
+                overwrite_base: bool = False):
         """``base + conv(x ⊙ key_mask)`` ``(B, H, n, d)`` for ``x`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` or
         None (all real), ``base`` ``(B, H, n, d)`` or None (0): the mask and the sum are folded into the copies
-        the banded products make anyway."""
+        the banded products make anyway. ``overwrite_base``: the caller's scratch ``base`` may hold the result
+        (the CPU kernel writes it in place when autograd records nothing: no sequence-sized allocation)."""
         if seqconv_cpu.uses_kernel(x) and (base is None or base.stride(-1) == 1):  # CPU: the mask is read for free
             mask = None if key_mask is None or bool(key_mask.all()) else key_mask.to(x.dtype).contiguous()
-            return seqconv_cpu.ConvFunction.apply(x, self.weight[:, 0, :].to(x.dtype), mask, base)
+            weight = self.weight[:, 0, :].to(x.dtype)
+            if overwrite_base and base is not None and not torch.is_grad_enabled():
+                return seqconv_cpu.conv(x, weight, in_mask=mask, base=base, out=base)
+            return seqconv_cpu.ConvFunction.apply(x, weight, mask, base)
         mask = None if key_mask is None else key_mask[:, None, :, None].to(x.dtype)
         return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
 
@@ -227,7 +232,7 @@ class NystromAttention(nn.Module):
             w = iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ k3v  # (B, H, m, d)
             y = self.score.attend(q, k_land, valid_keys, w)  # k1 (pinv(k2) k3 V), (B, H, n, d)
             if self.conv is not None:
-                y = self.conv(v, key_mask, y)  # y + conv(V with pad rows zeroed)
+                y = self.conv(v, key_mask, y, overwrite_base=True)  # y + conv(V with pad rows zeroed)
         return y.to(out_dtype)
 
     def extra_repr(self) -> str:

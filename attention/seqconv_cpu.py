@@ -61,12 +61,13 @@ def _ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
 
 
-def conv(x, weight, in_mask=None, out_mask=None, base=None) -> torch.Tensor:
+def conv(x, weight, in_mask=None, out_mask=None, base=None, out=None) -> torch.Tensor:
     """``base + out_mask ⊙ conv(x ⊙ in_mask)`` ``(B, H, n, d)`` by ``seqconv_cpu.cpp`` (rows of ``x`` and ``base``
     contiguous; masks ``(B, n)`` contiguous in ``x``'s dtype or None; ``weight`` ``(H, K)``); the result takes
-    ``base``'s layout, else ``x``'s."""
+    ``base``'s layout, else ``x``'s, or is written into ``out`` (which may be ``base``: row i of the result reads
+    row i of ``base`` only)."""
     batch, heads, n, d = x.shape
-    y = torch.empty_like(base if base is not None else x)
+    y = out if out is not None else torch.empty_like(base if base is not None else x)
     suffix = "f32" if x.dtype == torch.float32 else "f64"
     weight = weight.contiguous()
     strides = lambda t: (0, 0, 0) if t is None else t.stride()[:3]  # noqa: E731

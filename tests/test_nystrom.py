@@ -257,3 +257,20 @@ def test_without_a_compiler_the_conv_warns_and_runs_the_banded_products(monkeypa
         torch.testing.assert_close(conv(x), expected.view(1, 4, 2, 9).permute(0, 2, 3, 1), atol=1e-12, rtol=0)
     finally:
         seqconv_cpu.library.cache_clear()
+
+
+def test_no_grad_forward_equals_the_recorded_one_and_base_is_kept_unless_it_is_scratch():
+    """Without autograd the conv writes its sum into Nyström's scratch attention term; values are the same as with
+    autograd, and a ``base`` the caller keeps (``overwrite_base`` false) is left as it was."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 50, 2, 32, generator=generator).transpose(1, 2) for _ in range(3))
+    mask = padded_mask(2, 50, [50, 31])
+    attn = NystromAttention(num_heads=2, head_dim=32, num_landmarks=8)
+    recorded = attn(*(x.clone().requires_grad_() for x in (q, k, v)), mask)
+    with torch.no_grad():
+        assert torch.equal(attn(q, k, v, mask), recorded.detach())
+        base = torch.randn(2, 2, 50, 32, generator=generator)
+        kept = base.clone()
+        summed = attn.conv(v, mask, base)
+        assert torch.equal(base, kept) and not torch.equal(summed, base)
+        assert torch.equal(attn.conv(v, mask, base, overwrite_base=True), summed)
