@@ -102,13 +102,13 @@ def cur_attention(
         key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
     with autocast_off(q.device.type):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        if isinstance(score, SoftmaxScore) and _wants_grad(q, k, v) and cur_cpu.takes(q, k, v, index_q.shape[-1]):
-            y = cur_cpu.CURKernelAttention.apply(q, k, v, key_mask, index_q, index_k, score, pinv_iters,
-                                                 overwrite_rows, pinv_init)  # one node, no n × d copies
-            return y.to(out_dtype)
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
+        if isinstance(score, SoftmaxScore) and _wants_grad(q, k, v) and cur_cpu.takes(q, k, v, index_q.shape[-1]):
+            y = cur_cpu.CURKernelAttention.apply(q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score,
+                                                 pinv_iters, overwrite_rows, pinv_init)  # one node, no n × d copies
+            return y.to(out_dtype)
         q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
         k, k_rows = _with_rows(k, index_k)
         valid_keys = valid_k[:, :, None, :]  # (B, H, 1, m)

@@ -35,16 +35,15 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int) -> bool:
 
 
 class CURKernelAttention(torch.autograd.Function):
-    """``cur_attention``'s fused softmax path as one node (module doc); float32 ``(B, H, n, d)`` operands."""
+    """``cur_attention``'s fused softmax path as one node (module doc); float32 ``(B, H, n, d)`` operands, bool
+    ``valid_q``, ``valid_k`` ``(B, H, m)``: whether each selected row is a real token."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, index_q, index_k, score, pinv_iters: int, overwrite_rows: bool,
-                pinv_init: str):
+    def forward(ctx, q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score, pinv_iters: int,
+                overwrite_rows: bool, pinv_init: str):
         batch, heads, n, d = q.shape
         m = index_q.shape[-1]
         scale = d**-0.5
-        positions_mask = key_mask[:, None, :].expand(batch, heads, n)
-        valid_q, valid_k = positions_mask.gather(2, index_q), positions_mask.gather(2, index_k)  # (B, H, m)
         key_bias = landmarks_cpu.key_bias(key_mask[:, None, None, :], batch, heads, n, q)  # (B, 1, 1, n)
         landmark_bias = landmarks_cpu.key_bias(valid_k[:, :, None, :], batch, heads, m, q)  # (B, H, 1, m)
         q_rows, k_rows = gather_rows(q, index_q), gather_rows(k, index_k)
@@ -77,4 +76,4 @@ class CURKernelAttention(torch.autograd.Function):
         dq_rows_rv, dk, dv = landmarks_cpu.few_queries_backward(drv, q_rows, k, v, key_bias, rv, rv_lse, ctx.scale)
         dq.scatter_add_(2, rows_q, dq_rows.add_(dq_rows_rv))
         dk.scatter_add_(2, index_k[..., None].expand_as(k_rows), dk_rows.add_(dk_rows_middle))
-        return dq, dk, dv, *[None] * 7
+        return dq, dk, dv, *[None] * 9

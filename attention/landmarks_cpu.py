@@ -213,10 +213,10 @@ def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torc
 def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
                       zero_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dQ, dK, dV)`` of :func:`few_keys_forward` from the gradient ``grad`` of ``y`` and its ``lse``
-    ``(B, H, n)`` (``landmarks_backward_cpu.cpp`` has the equations); ``dQ`` in ``q``'s memory layout (the model's
-    ``(B, n, H, d)``: autograd then passes it to the projection without a copy), ``dK``, ``dV`` contiguous. ``zero_rows`` long
-    ``(B, H, r)``: rows of ``y`` the caller overwrote after the forward, whose ``grad`` rows count as 0 (their
-    ``dQ`` rows are 0), without a copy of ``grad``."""
+    ``(B, H, n)`` (``landmarks_backward_cpu.cpp`` has the equations); ``dQ`` in ``q``'s memory layout (the
+    model's ``(B, n, H, d)``: autograd then passes it to the projection without a copy), ``dK``, ``dV``
+    contiguous. ``zero_rows`` long ``(B, H, r)``: rows of ``y`` the caller overwrote after the forward, whose
+    ``grad`` rows count as 0 (their ``dQ`` rows are 0), without a copy of ``grad``."""
     batch, heads, n, d = q.shape
     m = k.shape[-2]
     mp = padded(m)

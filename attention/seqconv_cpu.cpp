@@ -86,7 +86,7 @@ inline void tile(const T* xp, int64_t xrow, const A* wv, const T* im, int64_t i,
 }
 
 // Output rows per tile: R x 2 vector accumulators, as many as the registers allow beside the inputs.
-template <typename T> constexpr int kTileRows = kBytes == 64 ? 8 : 4;
+constexpr int kTileRows = kBytes == 64 ? 8 : 4;
 
 template <typename T>
 void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask, const T* base, Layout bl, T* y,
@@ -137,7 +137,7 @@ void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask
         }
       };
       int64_t i = 0;
-      for (; i + kTileRows<T> <= n; i += kTileRows<T>) rows(std::integral_constant<int, kTileRows<T>>{}, i);
+      for (; i + kTileRows <= n; i += kTileRows) rows(std::integral_constant<int, kTileRows>{}, i);
       for (; i < n; ++i) rows(std::integral_constant<int, 1>{}, i);
     }
   });
