@@ -20,8 +20,8 @@ with ``U⁺`` the iterative pseudo-inverse (:mod:`attention.pinv`, ``pinv_iters`
 one maximum over the batch as the public Nyströmformer code does).
 Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors (O(nd + m²) with a
 fused ``attend``); no ``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
-Training on CPU with the softmax score runs the same products as one autograd node (:mod:`attention.cur_cpu`),
-whose backward writes no ``n × d`` copies.
+Training on CPU with the softmax or the L1 score runs the same products as one autograd node
+(:mod:`attention.cur_cpu`), whose backward writes no ``n × d`` copies.
 
 Decisions: everything runs in float32 with autocast disabled (float64 stays float64) and the
 output is cast back to the input dtype. Slots that :mod:`attention.selection` had to put on pad
@@ -105,7 +105,7 @@ def cur_attention(
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
-        if isinstance(score, SoftmaxScore) and _wants_grad(q, k, v) and cur_cpu.takes(q, k, v, index_q.shape[-1]):
+        if hasattr(score, "kernel_form") and _wants_grad(q, k, v) and cur_cpu.takes(q, k, v, index_q.shape[-1]):
             y = cur_cpu.CURKernelAttention.apply(q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score,
                                                  pinv_iters, overwrite_rows, pinv_init)  # one node, no n × d copies
             return y.to(out_dtype)

@@ -1,5 +1,5 @@
-"""CUR attention with the softmax score, trained on the CPU kernels of :mod:`attention.landmarks_cpu` as one
-autograd node (docs/bench.md "CUR's backward without full-size copies").
+"""CUR attention with the softmax or the L1 score, trained on the CPU kernels of :mod:`attention.landmarks_cpu` as
+one autograd node (docs/bench.md "CUR's backward without full-size copies").
 
 Same equations and values as :func:`attention.cur.cur_attention` (its module doc): ``R V`` by the few-queries
 kernel, ``U = C[I]`` and ``W = U⁺ (R V)`` by PyTorch (``m × m``), ``Y = C W`` by the few-keys kernel, then
@@ -35,30 +35,31 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int) -> bool:
 
 
 class CURKernelAttention(torch.autograd.Function):
-    """``cur_attention``'s fused softmax path as one node (module doc); float32 ``(B, H, n, d)`` operands, bool
-    ``valid_q``, ``valid_k`` ``(B, H, m)``: whether each selected row is a real token."""
+    """``cur_attention``'s fused path as one node (module doc); float32 ``(B, H, n, d)`` operands, bool ``valid_q``,
+    ``valid_k`` ``(B, H, m)``: whether each selected row is a real token; ``score`` has ``kernel_form`` (the
+    kernels' scale and whether they score by L1 distance: :class:`attention.scores.SoftmaxScore`, ``L1Score``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score, pinv_iters: int,
                 overwrite_rows: bool, pinv_init: str):
         batch, heads, n, d = q.shape
         m = index_q.shape[-1]
-        scale = d**-0.5
+        scale, l1 = score.kernel_form(d)
         key_bias = landmarks_cpu.key_bias(key_mask[:, None, None, :], batch, heads, n, q)  # (B, 1, 1, n)
         landmark_bias = landmarks_cpu.key_bias(valid_k[:, :, None, :], batch, heads, m, q)  # (B, H, 1, m)
         q_rows, k_rows = gather_rows(q, index_q), gather_rows(k, index_k)
-        rv, rv_max, rv_sum = landmarks_cpu.few_queries_forward(q_rows, k, v, key_bias, scale)  # R V, (B, H, m, d)
+        rv, rv_max, rv_sum = landmarks_cpu.few_queries_forward(q_rows, k, v, key_bias, scale, l1)  # R V (B, H, m, d)
         with torch.enable_grad():  # the m × m middle, differentiated in backward
             middle = [x.detach().requires_grad_() for x in (q_rows, k_rows, rv)]
             c_rows = score(middle[0], middle[1], valid_k[:, :, None, :], index_q, index_k)  # U = C[I]
             eye = torch.eye(m, dtype=q.dtype, device=q.device)
             w = iterative_pinv(torch.where(valid_q[..., None], c_rows, eye), pinv_iters, pinv_init) @ middle[2]
-        y, y_max, y_sum = landmarks_cpu.few_keys_forward(q, k_rows, w.detach(), landmark_bias, scale)  # C W
+        y, y_max, y_sum = landmarks_cpu.few_keys_forward(q, k_rows, w.detach(), landmark_bias, scale, l1)  # C W
         if overwrite_rows:
             y.scatter_(2, index_q[..., None].expand_as(rv), rv)
         ctx.save_for_backward(q, k, v, q_rows, k_rows, rv, y, y_sum.log_().add_(y_max), rv_sum.log_().add_(rv_max),
                               key_bias, landmark_bias, index_q, index_k)
-        ctx.middle, ctx.w, ctx.scale, ctx.overwrite_rows = middle, w, scale, overwrite_rows
+        ctx.middle, ctx.w, ctx.scale, ctx.l1, ctx.overwrite_rows = middle, w, scale, l1, overwrite_rows
         return y
 
     @staticmethod
@@ -69,11 +70,12 @@ class CURKernelAttention(torch.autograd.Function):
         rows_q = index_q[..., None].expand_as(q_rows)
         zero_rows = index_q if ctx.overwrite_rows else None  # overwritten rows: no gradient through C W
         dq, dk_rows, dw = landmarks_cpu.few_keys_backward(grad, q, k_rows, ctx.w, landmark_bias, y, y_lse,
-                                                          ctx.scale, zero_rows)
+                                                          ctx.scale, ctx.l1, zero_rows)
         dq_rows, dk_rows_middle, drv = torch.autograd.grad(ctx.w, ctx.middle, dw, retain_graph=True)  # as ctx's
         if ctx.overwrite_rows:
             drv += grad.gather(2, rows_q)
-        dq_rows_rv, dk, dv = landmarks_cpu.few_queries_backward(drv, q_rows, k, v, key_bias, rv, rv_lse, ctx.scale)
+        dq_rows_rv, dk, dv = landmarks_cpu.few_queries_backward(drv, q_rows, k, v, key_bias, rv, rv_lse, ctx.scale,
+                                                                ctx.l1)
         dq.scatter_add_(2, rows_q, dq_rows.add_(dq_rows_rv))
         dk.scatter_add_(2, index_k[..., None].expand_as(k_rows), dk_rows.add_(dk_rows_middle))
         return dq, dk, dv, *[None] * 9

@@ -3,7 +3,9 @@
 // forward's weights P_ij = exp(s_ij - lse_i), s_ij = scale * q_i . k_j + bias_j, and dY the gradient of Y:
 //   D_i = dY_i . Y_i,   dS_ij = scale * P_ij (dY_i . v_j - D_i)
 //   dQ_i = sum_j dS_ij k_j,   dK_j = sum_i dS_ij q_i,   dV_j = sum_i P_ij dY_i
-// (flash attention's backward, Dao et al. 2022, Alg. 4, whose result ATen's flash backward also gives). The
+// (flash attention's backward, Dao et al. 2022, Alg. 4, whose result ATen's flash backward also gives). With L1
+// distance scores (l1 != 0: s_ij = scale * ||q_i - k_j||_1 + bias_j, EcoTransformer) dS is the same and
+//   dQ_i = sum_j dS_ij sign(q_i - k_j),   dK_j = -sum_i dS_ij sign(q_i - k_j)    (sign(0) = 0, torch.sign). The
 // weights are recomputed from lse, never stored whole: a tile of rows (few keys) or a block of keys (few
 // queries) at a time, and every gradient is written once, in the layout its operand came in (no copies,
 // no zero-filled n x d buffers). A row without a real key has lse = 0 and all weights 0, so its gradients
@@ -83,11 +85,11 @@ struct Scores {
   int64_t x_row, g_row;
 };
 
-template <int R, int MV>
+template <int R, int MV, bool L1>
 void weights_and_grads(const Scores& s, float scale, int64_t d, float* weights, float* grads) {
   constexpr int mp = MV * W;
   vec acc[R][MV], dp[R][MV];
-  row_products(s.x, s.x_row, s.ft, d, acc);
+  row_products<R, MV, L1>(s.x, s.x_row, s.ft, d, acc);
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < MV; ++u) {
       acc[r][u] = vexp(acc[r][u] * scale + s.row_add[r] + load(s.lane_add + u * W));
@@ -100,14 +102,14 @@ void weights_and_grads(const Scores& s, float scale, int64_t d, float* weights, 
 }
 
 // weights_and_grads for `count` rows, R at a time (R x MV accumulators, as the forward's register tiles).
-template <int MV>
+template <int MV, bool L1>
 void weights_and_grads_rows(Scores s, float scale, int64_t count, int64_t d, float* weights, float* grads) {
   constexpr int R = std::max(1, kAccumulators / MV), mp = MV * W;
   int64_t r = 0;
   for (; r + R <= count; r += R, s.x += R * s.x_row, s.g += R * s.g_row, s.row_add += R, s.row_sub += R)
-    weights_and_grads<R, MV>(s, scale, d, weights + r * mp, grads + r * mp);
+    weights_and_grads<R, MV, L1>(s, scale, d, weights + r * mp, grads + r * mp);
   for (; r < count; ++r, s.x += s.x_row, s.g += s.g_row, ++s.row_add, ++s.row_sub)
-    weights_and_grads<1, MV>(s, scale, d, weights + r * mp, grads + r * mp);
+    weights_and_grads<1, MV, L1>(s, scale, d, weights + r * mp, grads + r * mp);
 }
 
 float dot(const float* a, const float* b, int64_t d) {
@@ -154,6 +156,50 @@ void weighted_rows(const float* a, int64_t a_stride, const float* x, int64_t x_r
     weighted_rows_columns<1>(a + r * a_stride, a_stride, x, x_row, out + r * out_row, out_row, m, d);
 }
 
+// L1 scores' contraction of the score gradients g (count x m, rows a_stride apart) with the signs of x_r - f_j:
+//   dx_r = sum_{j < m} g_rj sign(x_r - f_j)  (written; rows dx_row apart),   df_j -= sum_r g_rj sign(x_r - f_j)
+// for `count` rows x_r (x_row apart) and m rows f_j of the few side (d floats apart, as df). R rows x Columns
+// vectors of dx in registers over all j; each f_j vector loaded once for the R rows, df_j updated once per tile.
+constexpr int kSignRows = 4;
+
+template <int R, int Columns>
+void sign_contract_tile(const float* g, int64_t a_stride, const float* x, int64_t x_row, const float* f, float* dx,
+                        int64_t dx_row, float* df, int64_t m, int64_t d, int64_t c) {
+  vec xs[R][Columns], sum[R][Columns] = {};
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < Columns; ++u) xs[r][u] = load(x + r * x_row + c + u * W);
+  for (int64_t j = 0; j < m; ++j) {
+    vec fj[Columns], column[Columns] = {};
+    for (int u = 0; u < Columns; ++u) fj[u] = load(f + j * d + c + u * W);
+    for (int r = 0; r < R; ++r) {
+      const vec gr = splat(g[r * a_stride + j]);
+      for (int u = 0; u < Columns; ++u) add_times_sign(gr, xs[r][u] - fj[u], sum[r][u], column[u]);
+    }
+    for (int u = 0; u < Columns; ++u) store(df + j * d + c + u * W, load(df + j * d + c + u * W) - column[u]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < Columns; ++u) store(dx + r * dx_row + c + u * W, sum[r][u]);
+}
+
+template <int R>
+void sign_contract_columns(const float* g, int64_t a_stride, const float* x, int64_t x_row, const float* f, float* dx,
+                           int64_t dx_row, float* df, int64_t m, int64_t d) {
+  int64_t c = 0;
+  for (; c + kColumns * W <= d; c += kColumns * W)
+    sign_contract_tile<R, kColumns>(g, a_stride, x, x_row, f, dx, dx_row, df, m, d, c);
+  for (; c < d; c += W) sign_contract_tile<R, 1>(g, a_stride, x, x_row, f, dx, dx_row, df, m, d, c);
+}
+
+void sign_contract(const float* g, int64_t a_stride, const float* x, int64_t x_row, const float* f, float* dx,
+                   int64_t dx_row, float* df, int64_t count, int64_t m, int64_t d) {
+  int64_t r = 0;
+  for (; r + kSignRows <= count; r += kSignRows)
+    sign_contract_columns<kSignRows>(g + r * a_stride, a_stride, x + r * x_row, x_row, f, dx + r * dx_row, dx_row,
+                                     df, m, d);
+  for (; r < count; ++r)
+    sign_contract_columns<1>(g + r * a_stride, a_stride, x + r * x_row, x_row, f, dx + r * dx_row, dx_row, df, m, d);
+}
+
 struct FewKeys {
   const float *q, *dy, *y, *lse, *kt, *vt, *k, *bias;  // kt, vt (d, mp); k (m, d) rows; bias (mp)
   float *dq, *dk, *dv;                                 // dk, dv (m, d)
@@ -179,7 +225,7 @@ const float* rows_of_dy(const FewKeys& p, const uint8_t* zeroed, int64_t i, int6
   return tile;
 }
 
-template <int MV>
+template <int MV, bool L1>
 void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float scale, float* scratch,
                        uint8_t* zeroed) {
   constexpr int mp = MV * W;
@@ -198,10 +244,15 @@ void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float 
     const float* dy = rows_of_dy(p, zeroed, i, count, d, dy_tile, dy_row);
     for (int64_t r = 0; r < count; ++r)
       neg_lse[r] = -p.lse[i + r], delta[r] = dot(dy + r * dy_row, p.y + (i + r) * p.y_row, d);
-    weights_and_grads_rows<MV>(Scores{q, dy, p.kt, p.vt, neg_lse, p.bias, delta, zero, p.q_row, dy_row}, scale,
-                               count, d, weights, grads);
-    weighted_rows(grads, mp, p.k, d, p.dq + i * p.dq_row, p.dq_row, count, m, d);
-    add_outer<true>(grads, q, p.dk, weights, dy, p.dv, mp, p.q_row, dy_row, count, m, d);
+    weights_and_grads_rows<MV, L1>(Scores{q, dy, p.kt, p.vt, neg_lse, p.bias, delta, zero, p.q_row, dy_row},
+                                   scale, count, d, weights, grads);
+    if constexpr (L1) {
+      sign_contract(grads, mp, q, p.q_row, p.k, p.dq + i * p.dq_row, p.dq_row, p.dk, count, m, d);
+      add_outer<false>(weights, dy, p.dv, nullptr, nullptr, nullptr, mp, dy_row, 0, count, m, d);
+    } else {
+      weighted_rows(grads, mp, p.k, d, p.dq + i * p.dq_row, p.dq_row, count, m, d);
+      add_outer<true>(grads, q, p.dk, weights, dy, p.dv, mp, p.q_row, dy_row, count, m, d);
+    }
   }
 }
 
@@ -211,7 +262,7 @@ struct FewQueries {
   int64_t k_row, v_row, dk_row, dv_row;
 };
 
-template <int QV>
+template <int QV, bool L1>
 void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, float scale, float* scratch) {
   constexpr int mq = QV * W;
   float* weights = scratch;                 // (kRowTile, mq)
@@ -228,11 +279,15 @@ void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, 
       continue;
     }
     const float* k = p.k + j * p.k_row;
-    weights_and_grads_rows<QV>(Scores{k, p.v + j * p.v_row, p.qt, p.dyt, p.bias + j, p.neg_lse, zero, p.delta,
-                                      p.k_row, p.v_row}, scale, count, d, weights, grads);
+    weights_and_grads_rows<QV, L1>(Scores{k, p.v + j * p.v_row, p.qt, p.dyt, p.bias + j, p.neg_lse, zero, p.delta,
+                                          p.k_row, p.v_row}, scale, count, d, weights, grads);
     weighted_rows(weights, mq, p.dy, d, dv, p.dv_row, count, m, d);
-    weighted_rows(grads, mq, p.q, d, dk, p.dk_row, count, m, d);
-    add_outer<false>(grads, k, p.dq, nullptr, nullptr, nullptr, mq, p.k_row, 0, count, m, d);
+    if constexpr (L1) {  // sign(k_j - q_i) = -sign(q_i - k_j): dK_j written, dQ_i accumulated
+      sign_contract(grads, mq, k, p.k_row, p.q, dk, p.dk_row, p.dq, count, m, d);
+    } else {
+      weighted_rows(grads, mq, p.q, d, dk, p.dk_row, count, m, d);
+      add_outer<false>(grads, k, p.dq, nullptr, nullptr, nullptr, mq, p.k_row, 0, count, m, d);
+    }
   }
 }
 
@@ -246,13 +301,14 @@ int landmarks_backward_vector_bytes() { return kBytes; }
 // and zero-padded; k (batch * heads, m, d); bias (batch * heads, mp), -inf on padded keys; dk, dv (batch * heads,
 // m, d), all contiguous; zero_rows (batch * heads, zero_count) row indices whose dY reads as 0 (rows the
 // caller overwrote after the forward; zero_count 0: none). Returns 0, or -1 (nothing written) for an unsupported
-// mp, d % W != 0 or a zero row outside [0, n).
+// mp, d % W != 0 or a zero row outside [0, n); l1 != 0: L1 distance scores.
 int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, const float* dy,
                                     const int64_t* dy_strides, const float* y, const int64_t* y_strides,
                                     const float* lse, const float* kt, const float* vt, const float* k,
                                     const float* bias, float* dq, const int64_t* dq_strides, float* dk, float* dv,
                                     const int64_t* zero_rows, int64_t zero_count, int64_t batch, int64_t heads,
-                                    int64_t n, int64_t m, int64_t mp, int64_t d, float scale, int threads) {
+                                    int64_t n, int64_t m, int64_t mp, int64_t d, float scale, int l1,
+                                    int threads) {
   if (d % W || m > mp || mp > kMaxKeys || mp % W || !with_vectors(mp / W, [](auto) {})) return -1;
   if (std::any_of(zero_rows, zero_rows + batch * heads * zero_count, [n](int64_t r) { return r < 0 || r >= n; }))
     return -1;
@@ -267,8 +323,10 @@ int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, co
                       dq + b * dq_strides[0] + h * dq_strides[1], dk + index * m * d, dv + index * m * d,
                       q_strides[2], dy_strides[2], y_strides[2], dq_strides[2], zero_rows + index * zero_count,
                       zero_count};
-      with_vectors(mp / W, [&](auto mv) {
-        few_keys_backward<decltype(mv)::value>(p, n, m, d, scale, scratch.data(), zeroed.data());
+      with_score(l1, [&](auto score) {
+        with_vectors(mp / W, [&](auto mv) {
+          few_keys_backward<mv(), score()>(p, n, m, d, scale, scratch.data(), zeroed.data());
+        });
       });
     }
   });
@@ -279,14 +337,15 @@ int landmarks_few_keys_backward_f32(const float* q, const int64_t* q_strides, co
 // gradient transposed and zero-padded; q, dy (batch * heads, m, d); neg_lse (batch * heads, mq), -lse and -inf on
 // padded queries; delta (batch * heads, mq) = dy_i . y_i, 0 on padded queries; dq (batch * heads, m, d), all
 // contiguous; k, v, dk, dv (batch, heads, n, d) at their strides (last stride 1); bias (batch, bias_heads, n)
-// contiguous, bias_heads 1 or heads. Returns 0, or -1 (nothing written) for an unsupported mq or d % W != 0.
+// contiguous, bias_heads 1 or heads; l1 as above. Returns 0, or -1 (nothing written) for an unsupported mq or
+// d % W != 0.
 int landmarks_few_queries_backward_f32(const float* qt, const float* dyt, const float* q, const float* dy,
                                        const float* neg_lse, const float* delta, const float* k,
                                        const int64_t* k_strides, const float* v, const int64_t* v_strides,
                                        const float* bias, int64_t bias_heads, float* dq, float* dk,
                                        const int64_t* dk_strides, float* dv, const int64_t* dv_strides,
                                        int64_t batch, int64_t heads, int64_t m, int64_t mq, int64_t n, int64_t d,
-                                       float scale, int threads) {
+                                       float scale, int l1, int threads) {
   if (d % W || m > mq || mq > kMaxKeys || mq % W || !with_vectors(mq / W, [](auto) {})) return -1;
   parallel(batch * heads, threads, [=](int64_t lo, int64_t hi) {
     std::vector<float> scratch(2 * kRowTile * mq);
@@ -298,7 +357,9 @@ int landmarks_few_queries_backward_f32(const float* qt, const float* dyt, const 
                          dq + index * m * d, dk + b * dk_strides[0] + h * dk_strides[1],
                          dv + b * dv_strides[0] + h * dv_strides[1], k_strides[2], v_strides[2], dk_strides[2],
                          dv_strides[2]};
-      with_vectors(mq / W, [&](auto qv) { few_queries_backward<decltype(qv)::value>(p, m, n, d, scale, scratch.data()); });
+      with_score(l1, [&](auto score) {
+        with_vectors(mq / W, [&](auto qv) { few_queries_backward<qv(), score()>(p, m, n, d, scale, scratch.data()); });
+      });
     }
   });
   return 0;

@@ -4,7 +4,8 @@
 //   (C W of CUR and Nyström) or the queries (R V, Nyström's k3 V) are at most 128 (Proxyformer keeps SDPA: its
 //   training step was slower with them, docs/bench.md). Per problem p (a (batch, head) pair) and query row i:
 //     s_ij = scale * q_i . k_j + bias_j,   y_i = sum_j exp(s_ij - max_j s_ij) v_j / sum_j exp(s_ij - max_j s_ij)
-//   with bias 0 or -inf per key. They write max_j s_ij and sum_j exp(s_ij - max) per row, from which the caller
+//   with bias 0 or -inf per key; with l1 != 0 the score is L1 distance's s_ij = scale * ||q_i - k_j||_1 + bias_j
+//   (EcoTransformer; scale = -lambda / sqrt(d) from the caller), everything else the same. They write max_j s_ij and sum_j exp(s_ij - max) per row, from which the caller
 //   forms lse = max + log(sum) where backward needs it; a row whose keys are all masked gets y_i = 0, max 0 and
 //   sum 1 (lse 0), as ATen's flash kernel gives it. The few side is transposed and zero-padded by the caller
 //   (kt (P, d, mp) or qt (P, d, mq), mp and mq a power of two times the vector width); everything else is
@@ -24,11 +25,11 @@ struct Problem {
 };
 
 // R query rows of one problem against its mp = MV * W keys (m of them real), d / W vectors of output each.
-template <int R, int MV>
+template <int R, int MV, bool L1>
 void rows(const Problem& p, int64_t m, int64_t d, float scale) {
   constexpr int mp = MV * W;
   vec logits[R][MV];
-  row_products(p.q, p.q_row, p.kt, d, logits);
+  row_products<R, MV, L1>(p.q, p.q_row, p.kt, d, logits);
   alignas(64) float weights[R][mp];
   // Softmax, one step at a time for all R rows so that their dependency chains interleave.
   vec top[R], total[R];
@@ -86,23 +87,25 @@ void rows(const Problem& p, int64_t m, int64_t d, float scale) {
   }
 }
 
-template <int MV>
+template <int MV, bool L1>
 void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d, float scale, int threads) {
   constexpr int R = std::max(1, kAccumulators / MV);
   const int64_t blocks = (n + R - 1) / R;
   parallel(P * blocks, threads, [=](int64_t lo, int64_t hi) {
-    for (int64_t task = lo; task < hi; ++task) {
-      Problem p = problems[task / blocks];
-      const int64_t i = task % blocks * R;
-      p.q += i * p.q_row;
-      p.y += i * p.y_row;
-      p.row_max += i;
-      p.row_sum += i;
-      if (i + R <= n) {
-        rows<R, MV>(p, m, d, scale);
-      } else {
-        for (int64_t row = i; row < n; ++row, p.q += p.q_row, p.y += p.y_row, ++p.row_max, ++p.row_sum)
-          rows<1, MV>(p, m, d, scale);
+    for (int64_t task = lo; task < hi;) {  // one problem's blocks at a time: no division per block
+      const int64_t problem = task / blocks, end = std::min(hi, (problem + 1) * blocks);
+      for (int64_t i = task % blocks * R; task < end; ++task, i += R) {
+        Problem p = problems[problem];
+        p.q += i * p.q_row;
+        p.y += i * p.y_row;
+        p.row_max += i;
+        p.row_sum += i;
+        if (i + R <= n) {
+          rows<R, MV, L1>(p, m, d, scale);
+        } else {
+          for (int64_t row = i; row < n; ++row, p.q += p.q_row, p.y += p.y_row, ++p.row_max, ++p.row_sum)
+            rows<1, MV, L1>(p, m, d, scale);
+        }
       }
     }
   });
@@ -115,7 +118,7 @@ void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d,
 // is skipped. Writes the m real rows of y (row stride y_row) and row_max, row_sum (m) as the few-keys kernel.
 constexpr int kKeyBlock = 32;
 
-template <int QV>
+template <int QV, bool L1>
 void few_queries(const float* qt, const float* k, int64_t k_row, const float* v, int64_t v_row, const float* bias,
                  float* y, int64_t y_row, float* row_max, float* row_sum, int64_t m, int64_t n, int64_t d,
                  float scale, float* scratch) {
@@ -140,7 +143,7 @@ void few_queries(const float* qt, const float* k, int64_t k_row, const float* v,
         for (int t = 0; t < G; ++t) {
           if (t >= count) break;
           vec ke = splat(k[(j0 + g + t) * k_row + e]);
-          for (int u = 0; u < QV; ++u) acc[t][u] += ke * qv[u];
+          for (int u = 0; u < QV; ++u) acc[t][u] += term<L1>(ke, qv[u]);
         }
       }
       for (int t = 0; t < count; ++t)
@@ -200,7 +203,7 @@ void few_queries(const float* qt, const float* k, int64_t k_row, const float* v,
   }
 }
 
-template <int QV>
+template <int QV, bool L1>
 void few_queries_all(const float* qt, const float* k, const int64_t* k_strides, const float* v,
                      const int64_t* v_strides, const float* bias, int64_t bias_heads, float* y,
                      const int64_t* y_strides, float* row_max, float* row_sum, int64_t batch, int64_t heads, int64_t m,
@@ -211,7 +214,7 @@ void few_queries_all(const float* qt, const float* k, const int64_t* k_strides, 
     float* aligned = scratch.data();
     for (int64_t p = lo; p < hi; ++p) {
       const int64_t b = p / heads, h = p % heads;
-      few_queries<QV>(qt + p * d * mq, k + b * k_strides[0] + h * k_strides[1], k_strides[2],
+      few_queries<QV, L1>(qt + p * d * mq, k + b * k_strides[0] + h * k_strides[1], k_strides[2],
                       v + b * v_strides[0] + h * v_strides[1], v_strides[2], bias + (b * bias_heads + h % bias_heads) * n,
                       y + b * y_strides[0] + h * y_strides[1], y_strides[2], row_max + p * m, row_sum + p * m, m, n, d,
                       scale, aligned);
@@ -226,13 +229,14 @@ int landmarks_vector_bytes() { return kBytes; }
 
 // q: (batch, heads, n, d) at strides q_strides[0..2] (last stride 1); kt (batch * heads, d, mp), bias
 // (batch * heads, mp) contiguous; v at v_strides (m rows); y at y_strides; row_max, row_sum (batch * heads, n):
-// lse = row_max + log(row_sum) (0 and 1 for a row without a real key, so lse = 0). Returns 0, or -1
+// lse = row_max + log(row_sum) (0 and 1 for a row without a real key, so lse = 0); l1 != 0: L1 distance scores.
+// Returns 0, or -1
 // when mp is not one of W, 2W, 4W, ... up to kMaxKeys or d is not a multiple of W (nothing written then).
 int landmarks_few_keys_attend_f32(const float* q, const int64_t* q_strides, const float* kt, const float* bias,
                                   const float* v, const int64_t* v_strides, float* y, const int64_t* y_strides,
                                   float* row_max, float* row_sum, int64_t batch, int64_t heads, int64_t n, int64_t m,
-                                  int64_t mp, int64_t d, float scale, int threads) {
-  if (d % W || m > mp || mp > kMaxKeys || mp % W) return -1;
+                                  int64_t mp, int64_t d, float scale, int l1, int threads) {
+  if (d % W || m > mp || mp > kMaxKeys || mp % W || !with_vectors(mp / W, [](auto) {})) return -1;
   std::vector<Problem> problems(batch * heads);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h) {
@@ -243,23 +247,28 @@ int landmarks_few_keys_attend_f32(const float* q, const int64_t* q_strides, cons
     }
   const Problem* all = problems.data();
   const int64_t P = batch * heads;
-  return with_vectors(mp / W, [&](auto mv) { attend<decltype(mv)::value>(all, P, n, m, d, scale, threads); }) ? 0 : -1;
+  with_score(l1, [&](auto score) {
+    with_vectors(mp / W, [&](auto mv) { attend<mv(), score()>(all, P, n, m, d, scale, threads); });
+  });
+  return 0;
 }
 
 // Few queries (m <= 128) against many keys: qt (batch * heads, d, mq) contiguous, k and v (batch, heads, n, d) at
 // strides, bias (batch, bias_heads, n) contiguous with bias_heads 1 or heads, y at y_strides (m rows written),
-// row_max and row_sum (batch * heads, m) as for the few-keys kernel. Returns 0, or -1 when mq is not one of W, 2W,
+// row_max and row_sum (batch * heads, m) and l1 as for the few-keys kernel. Returns 0, or -1 when mq is not one of W, 2W,
 // 4W, ... up to kMaxKeys or d is not a multiple of W (nothing written then).
 int landmarks_few_queries_attend_f32(const float* qt, const float* k, const int64_t* k_strides, const float* v,
                                      const int64_t* v_strides, const float* bias, int64_t bias_heads, float* y,
                                      const int64_t* y_strides, float* row_max, float* row_sum, int64_t batch,
                                      int64_t heads, int64_t m, int64_t mq, int64_t n, int64_t d, float scale,
-                                     int threads) {
-  if (d % W || m > mq || mq > kMaxKeys || mq % W) return -1;
-  const bool known = with_vectors(mq / W, [&](auto qv) {
-    few_queries_all<decltype(qv)::value>(qt, k, k_strides, v, v_strides, bias, bias_heads, y, y_strides, row_max, row_sum, batch, heads,
-                        m, n, d, scale, threads);
+                                     int l1, int threads) {
+  if (d % W || m > mq || mq > kMaxKeys || mq % W || !with_vectors(mq / W, [](auto) {})) return -1;
+  with_score(l1, [&](auto score) {
+    with_vectors(mq / W, [&](auto qv) {
+      few_queries_all<qv(), score()>(qt, k, k_strides, v, v_strides, bias, bias_heads, y, y_strides, row_max,
+                                     row_sum, batch, heads, m, n, d, scale, threads);
+    });
   });
-  return known ? 0 : -1;
+  return 0;
 }
 }

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <algorithm>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -81,10 +84,36 @@ template <typename F> void parallel(int64_t tasks, int threads, F f) {
   for (auto& worker : pool) worker.join();
 }
 
-// acc[r][u] = sum_e x[r * x_row + e] * ft[e * MV * W + u * W ..] for R rows of x against the MV * W columns of
-// ft (d x MV * W, the few side transposed): R x MV vectors in registers, each ft vector loaded once for all rows.
-template <int R, int MV> inline void row_products(const float* x, int64_t x_row, const float* ft, int64_t d,
-                                                  vec (&acc)[R][MV]) {
+// |v|: the sign bit cleared.
+constexpr int32_t kSignBit = INT32_MIN;
+inline vec vabs(vec v) { return (vec)((ivec)v & ~kSignBit); }
+
+// a += g * sign(x) and b += g * sign(x), with sign(0) = 0 (torch.sign). AVX-512: sign(x) by one VFIXUPIMMPS
+// (per class of x a constant: zero -> +0, negative or -inf -> -1, positive or +inf -> +1, NaN -> NaN) and two
+// FMAs; elsewhere g with its sign bit flipped where x < 0, zeroed where x == 0, added twice.
+inline void add_times_sign(vec g, vec x, vec& a, vec& b) {
+#if defined(__AVX512F__) && LRA_VECTOR_BYTES == 64
+  constexpr int kSignTable = static_cast<int>(0xA9A9A821u);  // responses 1, 2, 8, 10, 9, 10, 9, 10 (SDM VFIXUPIMMPS)
+  const vec sign = (vec)_mm512_fixupimm_ps((__m512)vec{}, (__m512)x, _mm512_set1_epi32(kSignTable), 0);
+  a += g * sign;
+  b += g * sign;
+#else
+  const vec term = (vec)((((ivec)x & kSignBit) ^ (ivec)g) & (ivec)(x != vec{}));
+  a += term;
+  b += term;
+#endif
+}
+
+// The score's pairwise term: the dot product's x * f, or L1 distance's |x - f| (EcoTransformer), summed over e.
+template <bool L1> inline vec term(vec x, vec f) {
+  if constexpr (L1) return vabs(x - f);
+  return x * f;
+}
+
+// acc[r][u] = sum_e term(x[r * x_row + e], ft[e * MV * W + u * W ..]) for R rows of x against the MV * W columns
+// of ft (d x MV * W, the few side transposed): R x MV vectors in registers, each ft vector loaded once for all rows.
+template <int R, int MV, bool L1 = false> inline void row_products(const float* x, int64_t x_row, const float* ft,
+                                                                   int64_t d, vec (&acc)[R][MV]) {
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < MV; ++u) acc[r][u] = vec{};
   for (int64_t e = 0; e < d; ++e) {
@@ -92,9 +121,15 @@ template <int R, int MV> inline void row_products(const float* x, int64_t x_row,
     for (int u = 0; u < MV; ++u) f[u] = load(ft + e * MV * W + u * W);
     for (int r = 0; r < R; ++r) {
       const vec xe = splat(x[r * x_row + e]);
-      for (int u = 0; u < MV; ++u) acc[r][u] += xe * f[u];
+      for (int u = 0; u < MV; ++u) acc[r][u] += term<L1>(xe, f[u]);
     }
   }
+}
+
+// Calls f(std::true_type{}) when l1 is nonzero (L1 distance scores), else f(std::false_type{}) (dot products).
+template <typename F> void with_score(int l1, F f) {
+  if (l1) return f(std::true_type{});
+  f(std::false_type{});
 }
 
 // The few side padded to `vectors` = 1, 2, 4, ... vectors (at most kMaxKeys floats): calls f(V{}) with V =

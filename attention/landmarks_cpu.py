@@ -13,6 +13,9 @@ softmax attention where one side is a few landmarks.
   Neither writes the ``n × m`` weights; ATen's flash kernel (``F.scaled_dot_product_attention`` on CPU) computes
   the same by GEMM calls on blocks and writes the blocks in between, and computes padding keys. A row with no
   real key gives 0 (SDPA's convention).
+* With ``l1=True`` the same kernels score by L1 distance, ``softmax(scale · ‖q_i − k_j‖₁ + log M) V`` (EcoTransformer;
+  :meth:`attention.scores.L1Score.attend`, CUR with L1 scores), whose backward contracts ``dS`` with
+  ``sign(q_i − k_j)`` instead of ``K`` and ``Q``.
 * Backward (``landmarks_backward_cpu.cpp``): flash attention's backward from this forward's ``Y`` and
   ``lse_i = log Σ_j exp(scale · q_i · k_j + log M_j)``, ``dS = P ⊙ (dY Vᵀ − rowsum(dY ⊙ Y))``, ``dQ = scale · dS K``,
   ``dK = scale · dSᵀ Q``, ``dV = Pᵀ dY``, with the weights recomputed a tile at a time; the few side's sums stay in
@@ -60,7 +63,7 @@ def _load(source: Path, instead: str, vector_bytes: str, signatures: dict[str, l
     return lib
 
 
-_I64, _PTR, _TAIL = ctypes.c_int64, ctypes.c_void_p, [ctypes.c_float, ctypes.c_int]  # ..., scale, threads
+_I64, _PTR, _TAIL = ctypes.c_int64, ctypes.c_void_p, [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # scale, l1, threads
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,9 +177,9 @@ def _padded_bias(bias: torch.Tensor, batch: int, heads: int, m: int, width: int)
     return out
 
 
-def few_keys_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def few_keys_forward(q, k, v, bias, scale: float, l1: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(Y, row max, row sum)`` of ``q`` ``(B, H, n, d)`` against ``k, v`` ``(B, H, m, d)``, m ≤ 128, and ``bias``
-    ``(B, 1 or H, 1, m)``: ``Y`` in SDPA's ``(B, n, H, d)`` memory, ``lse = max + log(sum)``."""
+    ``(B, 1 or H, 1, m)``: ``Y`` in SDPA's ``(B, n, H, d)`` memory, ``lse = max + log(sum)``; L1 scores if ``l1``."""
     batch, heads, n, d = q.shape
     m = k.shape[-2]
     mp = padded(m)
@@ -185,13 +188,14 @@ def few_keys_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torch.T
     row_max, row_sum = q.new_empty(2, batch, heads, n)
     status = library().landmarks_few_keys_attend_f32(
         q.data_ptr(), _strides(q), kt.data_ptr(), padded_bias.data_ptr(), v.data_ptr(), _strides(v), y.data_ptr(),
-        _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, n, m, mp, d, scale, torch.get_num_threads())
+        _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, n, m, mp, d, scale, l1,
+        torch.get_num_threads())
     if status:
         raise ValueError(f"landmarks_cpu: m={m} (padded {mp}) or d={d} is not supported by the few-keys kernel")
     return y, row_max, row_sum
 
 
-def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def few_queries_forward(q, k, v, bias, scale: float, l1: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(Y, row max, row sum)`` of ``q`` ``(B, H, m, d)``, m ≤ 128, against ``k, v`` ``(B, H, n, d)`` and ``bias``
     ``(B, 1 or H, 1, n)``, as :func:`few_keys_forward`."""
     batch, heads, m, d = q.shape
@@ -203,14 +207,14 @@ def few_queries_forward(q, k, v, bias, scale: float) -> tuple[torch.Tensor, torc
     row_max, row_sum = q.new_empty(2, batch, heads, m)
     status = library().landmarks_few_queries_attend_f32(
         qt.data_ptr(), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v), bias.data_ptr(), bias.shape[1],
-        y.data_ptr(), _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, m, mq, n, d, scale,
+        y.data_ptr(), _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, m, mq, n, d, scale, l1,
         torch.get_num_threads())
     if status:
         raise ValueError(f"landmarks_cpu: m={m} (padded {mq}) or d={d} is not supported by the few-queries kernel")
     return y, row_max, row_sum
 
 
-def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
+def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float, l1: bool = False,
                       zero_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dQ, dK, dV)`` of :func:`few_keys_forward` from the gradient ``grad`` of ``y`` and its ``lse``
     ``(B, H, n)`` (``landmarks_backward_cpu.cpp`` has the equations); ``dQ`` in ``q``'s memory layout (the
@@ -227,7 +231,7 @@ def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
     status = backward_library().landmarks_few_keys_backward_f32(
         q.data_ptr(), _strides(q), grad.data_ptr(), _strides(grad), y.data_ptr(), _strides(y), lse.data_ptr(),
         kt.data_ptr(), vt.data_ptr(), k_rows.data_ptr(), padded_bias.data_ptr(), dq.data_ptr(), _strides(dq),
-        dk.data_ptr(), dv.data_ptr(), zero_rows.data_ptr(), zero_rows.shape[-1], batch, heads, n, m, mp, d, scale,
+        dk.data_ptr(), dv.data_ptr(), zero_rows.data_ptr(), zero_rows.shape[-1], batch, heads, n, m, mp, d, scale, l1,
         torch.get_num_threads())
     if status:
         raise ValueError(f"landmarks_cpu: m={m} (padded {mp}), d={d} or a zero row outside [0, {n}) is not "
@@ -235,7 +239,8 @@ def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float,
     return dq, dk, dv
 
 
-def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float,
+                         l1: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dQ, dK, dV)`` of :func:`few_queries_forward`, as :func:`few_keys_backward`; here ``dK`` and ``dV`` (the
     sequence side) take the layouts of ``k`` and ``v``, and ``dQ`` is contiguous."""
     batch, heads, m, d = q.shape
@@ -251,7 +256,7 @@ def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float) -> tuple[tor
         qt.data_ptr(), dyt.data_ptr(), q_rows.data_ptr(), grad_rows.data_ptr(), neg_lse.data_ptr(),
         delta.data_ptr(), k.data_ptr(), _strides(k),
         v.data_ptr(), _strides(v), bias.data_ptr(), bias.shape[1], dq.data_ptr(), dk.data_ptr(), _strides(dk),
-        dv.data_ptr(), _strides(dv), batch, heads, m, mq, n, d, scale, torch.get_num_threads())
+        dv.data_ptr(), _strides(dv), batch, heads, m, mq, n, d, scale, l1, torch.get_num_threads())
     if status:
         raise ValueError(f"landmarks_cpu: m={m} (padded {mq}) or d={d} is not supported by the few-queries backward")
     return dq, dk, dv
@@ -262,15 +267,16 @@ BACKWARDS = {"few_keys": few_keys_backward, "few_queries": few_queries_backward}
 
 
 class LandmarkAttention(torch.autograd.Function):
-    """``softmax(scale · Q Kᵀ + bias) V`` by the kernel ``kind``; backward by its backward kernel, or ATen's
-    flash-attention backward where that does not apply (no compiler, a dispatch mode)."""
+    """``softmax(scale · Q Kᵀ + bias) V`` (``l1``: ``softmax(scale · ‖q_i − k_j‖₁ + bias) V``) by the kernel ``kind``;
+    backward by its backward kernel, or for dot products ATen's flash-attention backward where that does not apply
+    (no compiler, a dispatch mode)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, scale: float, kind: str):
-        y, row_max, row_sum = FORWARDS[kind](q, k, v, bias, scale)
+    def forward(ctx, q, k, v, bias, scale: float, kind: str, l1: bool):
+        y, row_max, row_sum = FORWARDS[kind](q, k, v, bias, scale, l1)
         lse = row_sum.log_().add_(row_max) if any(ctx.needs_input_grad[:3]) else None
         ctx.save_for_backward(q, k, v, bias, y, lse)
-        ctx.scale, ctx.kind = scale, kind
+        ctx.scale, ctx.kind, ctx.l1 = scale, kind, l1
         return y
 
     @staticmethod
@@ -279,20 +285,31 @@ class LandmarkAttention(torch.autograd.Function):
         q, k, v, bias, y, lse = ctx.saved_tensors
         grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # e.g. the expanded gradient of a sum
         if kernel_takes(grad) and backward_library() is not None:
-            grads = BACKWARDS[ctx.kind](grad, q, k, v, bias, y, lse, ctx.scale)
+            grads = BACKWARDS[ctx.kind](grad, q, k, v, bias, y, lse, ctx.scale, ctx.l1)
+        elif ctx.l1:
+            raise RuntimeError("the backward of L1 landmark attention runs only by its CPU kernel, which cannot run "
+                               "inside torch.compile or a dispatch mode: run the forward there too (it then takes "
+                               "the PyTorch form of attention.scores.L1Score)")
         else:
             grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 grad, q, k, v, y, lse, 0.0, False, attn_mask=bias, scale=ctx.scale)
-        return *grads, None, None, None
+        return *grads, None, None, None, None
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+           l1_scale: float | None = None) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)`` (default scale ``1/√d``), by a kernel where
-    :func:`kernel_for` names one; ``key_mask`` bool broadcasting to ``(B, H, 1, n_keys)`` or None."""
+    :func:`kernel_for` names one; ``key_mask`` bool broadcasting to ``(B, H, 1, n_keys)`` or None.
+
+    With ``l1_scale`` ``c``: ``softmax(c · ‖q_i − k_j‖₁ + log M) V`` (L1 scores, ``c = −λ/√d``), by a kernel only
+    (the caller checks :func:`kernel_for` and :func:`backward_library`; :class:`attention.scores.L1Score` does)."""
     kind = kernel_for(q, k, v, key_mask)
+    if kind is None and l1_scale is not None:
+        raise ValueError("landmarks_cpu.attend with L1 scores needs a kernel (kernel_for names none for these operands)")
     if kind is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
     batch, heads = torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
     q, k, v = (x.expand(batch, heads, *x.shape[2:]) for x in (q, k, v))
     bias = key_bias(key_mask, batch, heads, k.shape[-2], q)
-    return LandmarkAttention.apply(q, k, v, bias, q.shape[-1] ** -0.5, kind)
+    scale = q.shape[-1] ** -0.5 if l1_scale is None else l1_scale
+    return LandmarkAttention.apply(q, k, v, bias, scale, kind, l1_scale is not None)

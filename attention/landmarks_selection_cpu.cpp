@@ -15,15 +15,18 @@ using namespace landmarks;
 // Rows [lo, hi) of x (row i of problem i / n at base + (i / n / heads) * s0 + (i / n % heads) * s1 + (i % n) * s2).
 void abs_row_sums(const float* x, const int64_t* strides, float* out, int64_t heads, int64_t n, int64_t d,
                   int64_t lo, int64_t hi) {
-  for (int64_t row = lo; row < hi; ++row) {
-    const int64_t p = row / n, i = row % n;
-    const float* xi = x + p / heads * strides[0] + p % heads * strides[1] + i * strides[2];
-    vec total = {};
-    int64_t e = 0;
-    for (; e + W <= d; e += W) total += (vec)((ivec)load(xi + e) & INT32_MAX);
-    float sum = hsum(total)[0];
-    for (; e < d; ++e) sum += std::abs(xi[e]);
-    out[row] = sum;
+  for (int64_t row = lo; row < hi;) {  // one problem's rows at a time: no division per row
+    const int64_t p = row / n, end = std::min(hi, (p + 1) * n);
+    const float* xp = x + p / heads * strides[0] + p % heads * strides[1];
+    for (int64_t i = row % n; row < end; ++row, ++i) {
+      const float* xi = xp + i * strides[2];
+      vec total = {};
+      int64_t e = 0;
+      for (; e + W <= d; e += W) total += vabs(load(xi + e));
+      float sum = hsum(total)[0];
+      for (; e < d; ++e) sum += std::abs(xi[e]);
+      out[row] = sum;
+    }
   }
 }
 

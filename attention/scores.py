@@ -130,6 +130,10 @@ class SoftmaxScore(nn.Module):
             return landmarks_cpu.attend(q, k, v, mask)
         return self(q, k, key_mask) @ v
 
+    def kernel_form(self, d: int) -> tuple[float, bool]:
+        """``(scale, l1)`` of :mod:`attention.landmarks_cpu`'s kernels for this score at head size ``d``."""
+        return d**-0.5, False
+
 
 CPU_KERNEL = True  # False runs the PyTorch path of other devices on CPU too (tests compare the two)
 
@@ -222,3 +226,23 @@ class L1Score(nn.Module):
         with autocast_off(q.device.type):
             logits = L1Distance.apply(q.to(dtype), k.to(dtype), -self.lam / math.sqrt(q.shape[-1]))  # (B, H, a, b)
             return masked_softmax(logits, key_mask)
+
+    def attend(self, q, k, key_mask, v, q_index=None, k_index=None) -> torch.Tensor:
+        """``self(q, k, key_mask) @ v`` ``(B, H, a, e)`` for ``v`` ``(B, H, b, e)``, in float32 (float64 stays).
+
+        On CPU, where the keys or the queries are at most 128 (CUR's ``C W`` and ``R V``), the L1 forms of the
+        landmark kernels (:func:`attention.landmarks_cpu.attend` with ``l1_scale``): the ``a × b`` weights are never
+        stored, backward recomputes them a tile at a time. Elsewhere the weights of :meth:`forward` times ``v``.
+        """
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        with autocast_off(q.device.type):
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+            mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
+            if (uses_cpu_kernel(q) and landmarks_cpu.kernel_for(q, k, v, mask) is not None
+                    and landmarks_cpu.backward_library() is not None):
+                return landmarks_cpu.attend(q, k, v, mask, l1_scale=self.kernel_form(q.shape[-1])[0])
+            return self(q, k, key_mask) @ v
+
+    def kernel_form(self, d: int) -> tuple[float, bool]:
+        """``(scale, l1)`` of :mod:`attention.landmarks_cpu`'s kernels for this score at head size ``d``."""
+        return -self.lam / math.sqrt(d), True

@@ -211,13 +211,27 @@ void segment_sums(const T* x, Layout xl, const int64_t* segment, T* sums, int64_
       const int64_t* seg = segment + b * n;
       T* out = sums + p * m * d;
       std::fill(out, out + m * d, T(0));
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t i = 0, end; i < n; i = end) {  // runs of rows in one segment, summed in registers
+        for (end = i + 1; end < n && seg[end] == seg[i];) ++end;
         if (seg[i] < 0 || seg[i] >= m) continue;
         T* o = out + seg[i] * d;
-        const T* xr = xp + i * xl.row;
+        const T* xi = xp + i * xl.row;
         int64_t c = 0;
-        for (; c < dv; c += W<T>) store(o + c, load(o + c) + load(xr + c));
-        for (; c < d; ++c) o[c] += xr[c];
+        for (; c + 2 * W<T> <= dv; c += 2 * W<T>) {  // two independent addition chains
+          vec<T> a0 = load(o + c), a1 = load(o + c + W<T>);
+          for (int64_t r = 0; r < end - i; ++r) a0 += load(xi + r * xl.row + c), a1 += load(xi + r * xl.row + c + W<T>);
+          store(o + c, a0), store(o + c + W<T>, a1);
+        }
+        for (; c < dv; c += W<T>) {
+          vec<T> a0 = load(o + c);
+          for (int64_t r = 0; r < end - i; ++r) a0 += load(xi + r * xl.row + c);
+          store(o + c, a0);
+        }
+        for (; c < d; ++c) {
+          T a0 = o[c];
+          for (int64_t r = 0; r < end - i; ++r) a0 += xi[r * xl.row + c];
+          o[c] = a0;
+        }
       }
     }
   });

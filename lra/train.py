@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lra.allocator import retain_freed_memory
 from lra.checkpoints import AtomicCheckpointIO, load_transferred_weights
 from lra.config import CONFIG_DIR
 from lra.csv_logger import CSVRowsInCheckpoint, RunCSVLogger
@@ -129,6 +130,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate(cfg)
     validate_pretrain(cfg)
     note_exact_landmarks(cfg)
+    retain_freed_memory()
     loggers = build_loggers(cfg)
     init_from, pretrained = cfg.get("init_from"), {}
     if cfg.pretrain.steps:

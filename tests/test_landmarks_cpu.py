@@ -1,5 +1,6 @@
 """`attention.landmarks_cpu`: the few-keys and few-queries kernels and their backward kernels against a dense
-float64 softmax (values and gradients), the abs row sums against float64."""
+float64 softmax and (their L1 form) a dense float64 L1 attention, values and gradients; the abs row sums against
+float64."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import landmarks_cpu
+from attention.scores import L1Score
 from tests.tolerances import tolerance
 
 WIDTH = landmarks_cpu.vector_floats()  # d must be a multiple of it
@@ -90,6 +92,47 @@ def test_gradients_match_dense_softmax(n, m, kind, d, kernel, monkeypatch):
     reference = [x.double().requires_grad_() for x in (q, k, v)]
     dense(*reference, key_mask).backward(grad.double())
     limits = tolerance(torch.float32, max(m, d, n), reductions=3, conditioning=40.0,
+                       scale=max(x.grad.abs().amax().item() for x in reference))
+    for name, ours, theirs in zip("qkv", inputs, reference):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, **limits, msg=lambda text: f"d{name}: {text}")
+
+
+def dense_l1(q, k, v, key_mask, lam):
+    """``softmax(−λ ‖q_i − k_j‖₁/√d + log M) V`` in float64 (``torch.cdist``: its gradient takes sign(0) = 0)."""
+    q, k, v = q.double(), k.double(), v.double()
+    logits = torch.cdist(q, k, p=1.0) * (-lam / q.shape[-1] ** 0.5)
+    weights = torch.softmax(logits.masked_fill(~key_mask, -torch.inf), -1).nan_to_num(0.0)
+    return weights @ v
+
+
+@pytest.mark.parametrize(("n", "m", "kind"), [(19, 1, "few_keys"), (45, 64, "few_keys"), (19, 128, "few_keys"),
+                                              (7, 150, "few_queries"), (64, 200, "few_queries"),
+                                              (128, 300, "few_queries")])
+@pytest.mark.parametrize("d", [WIDTH, 32, 64])
+def test_l1_scores_match_dense_l1_attention(n, m, kind, d, monkeypatch):
+    """``L1Score.attend`` on the kernels' L1 form: values and gradients against float64 autograd, with ties
+    (q_ie = k_je exactly, where sign(0) = 0 must add nothing to dQ and dK) in a third of the entries."""
+    if d % WIDTH:
+        pytest.skip(f"d={d} is not a multiple of this CPU's vector width {WIDTH}")
+    q, k, v, key_mask = operands(2, 2, n, m, d, seed=3)
+    ties = torch.rand(2, 2, min(n, m), d, generator=torch.Generator().manual_seed(5)) < 0.3
+    q[:, :, : min(n, m)] = torch.where(ties, k[:, :, : min(n, m)], q[:, :, : min(n, m)])
+    assert landmarks_cpu.kernel_for(q, k, v, key_mask) == kind
+    calls = backward_kernels_run(monkeypatch)
+    inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    y = L1Score(1.5).attend(inputs[0], inputs[1], key_mask, inputs[2])
+    assert type(y.grad_fn).__name__ == "LandmarkAttentionBackward"
+    reference = [x.double().requires_grad_() for x in (q, k, v)]
+    expected = dense_l1(*reference, key_mask, 1.5)
+    spread = 1.5 * torch.cdist(q.double(), k.double(), p=1.0).amax().item() / d**0.5 * 2
+    torch.testing.assert_close(y.double(), expected.detach(), **tolerance(
+        torch.float32, max(m, d), reductions=2, conditioning=spread, scale=v.abs().amax().item()))
+    assert y[0, 0].abs().max() == 0  # no real key: all weights 0
+    grad = torch.randn(2, n, 2, d, generator=torch.Generator().manual_seed(2)).transpose(1, 2)
+    y.backward(grad)
+    expected.backward(grad.double())
+    assert calls == [kind]
+    limits = tolerance(torch.float32, max(m, d, n), reductions=3, conditioning=spread,
                        scale=max(x.grad.abs().amax().item() for x in reference))
     for name, ours, theirs in zip("qkv", inputs, reference):
         torch.testing.assert_close(ours.grad.double(), theirs.grad, **limits, msg=lambda text: f"d{name}: {text}")

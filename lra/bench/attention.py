@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
     cases, skipped = build_cases(variants, args.level, max(args.n), args.batch, args.heads, args.head_dim, device)
-    common.set_threads(args.threads)
+    common.setup_process(args.threads)
     where = common.machine(device)
     print(f"[bench] {common.machine_line(where)}", flush=True)
     matmul = common.matmul_flops_per_s(device, args.dtype)

@@ -26,6 +26,7 @@ from torch.utils.flop_counter import (
 )
 
 from lra import REPO_ROOT
+from lra.allocator import retain_freed_memory
 from lra.config import CONFIG_DIR
 
 ATTENTION_DIR = CONFIG_DIR / "attention"
@@ -88,8 +89,10 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
-def set_threads(threads: int | None) -> int:
-    """``--threads``: ``torch.set_num_threads`` when given; returns the count in use (a CSV column)."""
+def setup_process(threads: int | None) -> int:
+    """``--threads``: ``torch.set_num_threads`` when given; returns the count in use (a CSV column). Also keeps freed
+    memory in the process (:func:`lra.allocator.retain_freed_memory`), as training does."""
+    retain_freed_memory()
     if threads is not None:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
@@ -119,7 +122,7 @@ def cpu_model() -> str:
 def machine(device: torch.device) -> dict:
     """Where a figure was measured (a CSV column each, ``MACHINE_COLUMNS``): CPU model, the SIMD level ATen's
     kernels were dispatched to (``ATEN_CPU_CAPABILITY`` lowers it), torch's thread count and version, and on
-    CUDA the GPU's name and compute capability. Call after :func:`set_threads`."""
+    CUDA the GPU's name and compute capability. Call after :func:`setup_process`."""
     gpu = gpu_capability = None
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)

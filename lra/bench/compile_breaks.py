@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     writes ``compile_breaks.csv``; returns the rows."""
     device = common.resolve_device(args.device)
     out = Path(args.out) if args.out else common.default_out_dir()
-    common.set_threads(args.threads)
+    common.setup_process(args.threads)
     where = common.machine(device)
     torch._logging.set_logs(dynamo=logging.ERROR)
     print(f"[bench] {common.machine_line(where)}", flush=True)

@@ -101,7 +101,7 @@ def report(case: Case, n: int, args: argparse.Namespace, device: torch.device) -
 
 def run(args: argparse.Namespace) -> None:
     device = common.resolve_device(args.device)
-    common.set_threads(args.threads if args.threads is not None else 1)
+    common.setup_process(args.threads if args.threads is not None else 1)
     common.select_variants([args.variant], [])  # an unknown name fails here, listing the known ones
     variant = common.Variant(args.variant, tuple(args.overrides))
     variants = [common.Variant(common.BASELINE), variant] if args.softmax else [variant]

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     device = common.resolve_device(args.device)
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
-    threads = common.set_threads(args.threads)
+    threads = common.setup_process(args.threads)
     where = common.machine(device)  # the workers run on the same machine with the same thread count
     print(f"[bench] {common.machine_line(where)}", flush=True)
     setting = {"task": args.task, "batch": args.batch, "steps": args.steps, "device": str(device), "dtype": args.dtype,

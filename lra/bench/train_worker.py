@@ -78,7 +78,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 def measure(spec: dict) -> dict:
     device = torch.device(spec["device"])
-    common.set_threads(spec["threads"])
+    common.setup_process(spec["threads"])
     rss_start = proc_status("VmRSS")
     reset_peak_rss()
     cfg = compose_config(spec["overrides"])
