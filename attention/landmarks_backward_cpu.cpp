@@ -239,6 +239,10 @@ void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float 
   alignas(64) float neg_lse[kRowTile], delta[kRowTile], zero[mp] = {};
   for (int64_t i = 0; i < n; i += kRowTile) {
     const int64_t count = std::min<int64_t>(kRowTile, n - i);
+    prefetch_rows(p.q, p.q_row, i + kRowTile, i + 2 * kRowTile, n, d);  // the next tile's rows
+    prefetch_rows(p.dy, p.dy_row, i + kRowTile, i + 2 * kRowTile, n, d);
+    prefetch_rows(p.y, p.y_row, i + kRowTile, i + 2 * kRowTile, n, d);
+    prefetch_rows<true>(p.dq, p.dq_row, i + kRowTile, i + 2 * kRowTile, n, d);
     const float* q = p.q + i * p.q_row;
     int64_t dy_row;
     const float* dy = rows_of_dy(p, zeroed, i, count, d, dy_tile, dy_row);
@@ -271,6 +275,10 @@ void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, 
   alignas(64) float zero[kRowTile] = {};
   for (int64_t j = 0; j < n; j += kRowTile) {
     const int64_t count = std::min<int64_t>(kRowTile, n - j);
+    prefetch_rows(p.k, p.k_row, j + kRowTile, j + 2 * kRowTile, n, d);  // the next block's rows
+    prefetch_rows(p.v, p.v_row, j + kRowTile, j + 2 * kRowTile, n, d);
+    prefetch_rows<true>(p.dk, p.dk_row, j + kRowTile, j + 2 * kRowTile, n, d);
+    prefetch_rows<true>(p.dv, p.dv_row, j + kRowTile, j + 2 * kRowTile, n, d);
     float* dk = p.dk + j * p.dk_row;
     float* dv = p.dv + j * p.dv_row;
     if (std::all_of(p.bias + j, p.bias + j + count, [](float b) { return b == -INFINITY; })) {

@@ -87,6 +87,8 @@ void rows(const Problem& p, int64_t m, int64_t d, float scale) {
   }
 }
 
+constexpr int64_t kAhead = 16;  // rows between the ones computed and the ones prefetched
+
 template <int MV, bool L1>
 void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d, float scale, int threads) {
   constexpr int R = std::max(1, kAccumulators / MV);
@@ -96,6 +98,8 @@ void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d,
       const int64_t problem = task / blocks, end = std::min(hi, (problem + 1) * blocks);
       for (int64_t i = task % blocks * R; task < end; ++task, i += R) {
         Problem p = problems[problem];
+        prefetch_rows(p.q, p.q_row, i + kAhead, i + kAhead + R, n, d);
+        prefetch_rows<true>(p.y, p.y_row, i + kAhead, i + kAhead + R, n, d);
         p.q += i * p.q_row;
         p.y += i * p.y_row;
         p.row_max += i;
@@ -133,6 +137,8 @@ void few_queries(const float* qt, const float* k, int64_t k_row, const float* v,
   for (int u = 0; u < QV; ++u) top[u] = splat(-INFINITY), total[u] = vec{};
   for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
     const int64_t keys = std::min<int64_t>(kKeyBlock, n - j0);
+    prefetch_rows(k, k_row, j0 + kKeyBlock, j0 + 2 * kKeyBlock, n, d);  // the next block's keys and values
+    prefetch_rows(v, v_row, j0 + kKeyBlock, j0 + 2 * kKeyBlock, n, d);
     if (std::all_of(bias + j0, bias + j0 + keys, [](float b) { return b == -INFINITY; })) continue;
     for (int64_t g = 0; g < keys; g += G) {  // logits of G keys x all queries
       const int count = static_cast<int>(std::min<int64_t>(G, keys - g));

@@ -12,6 +12,8 @@ namespace {
 
 using namespace landmarks;
 
+constexpr int64_t kAhead = 16;  // rows between the one summed and the one prefetched
+
 // Rows [lo, hi) of x (row i of problem i / n at base + (i / n / heads) * s0 + (i / n % heads) * s1 + (i % n) * s2).
 void abs_row_sums(const float* x, const int64_t* strides, float* out, int64_t heads, int64_t n, int64_t d,
                   int64_t lo, int64_t hi) {
@@ -19,6 +21,7 @@ void abs_row_sums(const float* x, const int64_t* strides, float* out, int64_t he
     const int64_t p = row / n, end = std::min(hi, (p + 1) * n);
     const float* xp = x + p / heads * strides[0] + p % heads * strides[1];
     for (int64_t i = row % n; row < end; ++row, ++i) {
+      prefetch_rows(xp, strides[2], i + kAhead, i + kAhead + 1, n, d);
       const float* xi = xp + i * strides[2];
       vec total = {};
       int64_t e = 0;
