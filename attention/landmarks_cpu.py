@@ -1,10 +1,6 @@
-"""CPU kernels of landmark attention (``landmarks_cpu.cpp``, float32): CUR's ``abs`` selection priorities and
-softmax attention where one side is a few landmarks.
+"""CPU kernels of landmark attention (``landmarks_cpu.cpp``, float32): softmax or L1-score attention where one side
+is a few landmarks (CUR's selection kernels: :mod:`attention.selection_cpu`).
 
-* :func:`abs_row_sums` ``Σ_e |x_ie|`` ``(B, H, n)`` from ``x`` ``(B, H, n, d)``: one pass over ``x``, where
-  ``x.abs().sum(-1)`` writes and rereads a full-size ``|X|`` (CUR paper §7.1, the ``abs`` rule); and
-  :func:`top_indices`, the landmarks of given priorities (:func:`attention.selection._top`) by one selection and
-  one scan per row, where PyTorch runs a dozen sequence-sized operations (``landmarks_selection_cpu.cpp``).
 * :func:`attend` ``softmax(scale · Q Kᵀ + log M) V`` per (batch, head) with a key mask ``M``, when the keys
   or the queries are at most 128: *few keys* (CUR's and Nyström's ``C W``): a query row's logits stay in
   registers; *few queries* (``R V``, Nyström's ``k₃ V``): logits are vectors over the queries, the softmax over
@@ -23,10 +19,10 @@ softmax attention where one side is a few landmarks.
   where this one cannot, returns them in SDPA's memory, so copies follow, and zero-fills its buffers).
 
 All take float32 CPU tensors with contiguous rows outside ``torch.compile`` (ctypes would break the graph) and
-outside dispatch modes (``FlopCounterMode`` counts the FLOPs of the PyTorch forms, the same products);
-:func:`attend` further a head size that is a multiple of the vector width and a mask that depends on the key
-only (:func:`kernel_for`); anything else runs the PyTorch forms (``x.abs().sum(-1)``, SDPA). Built like the L1
-kernels (:func:`attention.l1_cpu.build`); without a compiler they warn once and the PyTorch forms run.
+outside dispatch modes (``FlopCounterMode`` counts the FLOPs of the PyTorch forms, the same products), a head
+size that is a multiple of the vector width and a mask that depends on the key only (:func:`kernel_for`);
+anything else runs the PyTorch forms (SDPA; the weights of ``L1Score`` times ``V``). Built like the L1 kernels
+(:func:`attention.l1_cpu.build`); without a compiler they warn once and the PyTorch forms run.
 Measured: docs/bench.md "Landmark kernels on CPU".
 """
 
@@ -44,7 +40,6 @@ from attention import l1_cpu
 
 SOURCE = Path(__file__).with_name("landmarks_cpu.cpp")
 BACKWARD_SOURCE = Path(__file__).with_name("landmarks_backward_cpu.cpp")
-SELECTION_SOURCE = Path(__file__).with_name("landmarks_selection_cpu.cpp")
 CPU_KERNEL = True  # False runs the PyTorch forms (tests and benchmarks compare the two)
 MAX_KEYS = 128
 
@@ -76,15 +71,6 @@ def library() -> ctypes.CDLL | None:
 
 
 @functools.lru_cache(maxsize=None)
-def selection_library() -> ctypes.CDLL | None:
-    """The selection kernels (``landmarks_selection_cpu.cpp``), or None (with a warning) without a compiler."""
-    return _load(SELECTION_SOURCE, "CUR's selection runs its PyTorch form", "landmarks_selection_vector_bytes", {
-        "landmarks_abs_row_sums_f32": [_PTR] * 3 + [_I64] * 4 + [ctypes.c_int],
-        "landmarks_top_indices_f32": [_PTR] * 3 + [_I64] * 4 + [ctypes.c_int] * 2,
-    })
-
-
-@functools.lru_cache(maxsize=None)
 def backward_library() -> ctypes.CDLL | None:
     """The backward kernels (``landmarks_backward_cpu.cpp``), or None (with a warning: ATen's flash backward runs
     instead)."""
@@ -105,31 +91,6 @@ def kernel_takes(*tensors: torch.Tensor) -> bool:
 
 def _strides(x: torch.Tensor) -> ctypes.Array:
     return (ctypes.c_int64 * 3)(*x.stride()[:3])
-
-
-def abs_row_sums(x: torch.Tensor) -> torch.Tensor:
-    """``x.abs().sum(-1)`` ``(B, H, n)`` for ``x`` ``(B, H, n, d)`` (any strides), by the kernel where it applies."""
-    if x.dim() != 4 or not kernel_takes(x) or selection_library() is None:
-        return x.abs().sum(-1)
-    batch, heads, n, d = x.shape
-    out = x.new_empty(batch, heads, n)
-    selection_library().landmarks_abs_row_sums_f32(x.data_ptr(), _strides(x), out.data_ptr(), batch, heads, n, d,
-                                                   torch.get_num_threads())
-    return out
-
-
-def top_indices(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool) -> torch.Tensor | None:
-    """:func:`attention.selection._top` of float32 ``priority`` ``(B, H, n)`` by the kernel (one selection and one
-    scan per row), or None where the kernel does not apply (the caller runs the PyTorch form)."""
-    if not (kernel_takes(priority) and priority.dim() == 3 and 1 <= m <= priority.shape[-1]
-            and selection_library() is not None):
-        return None
-    batch, heads, n = priority.shape
-    priority, real = priority.contiguous(), key_mask.contiguous()
-    out = torch.empty(batch, heads, m, dtype=torch.int64)
-    selection_library().landmarks_top_indices_f32(priority.data_ptr(), real.data_ptr(), out.data_ptr(), batch, heads,
-                                                  n, m, int(force_cls), torch.get_num_threads())
-    return out
 
 
 def vector_floats() -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import landmarks_cpu
+from attention import landmarks_cpu, selection_cpu
 from attention.scores import L1Score
 from tests.tolerances import tolerance
 
@@ -180,14 +180,14 @@ def test_padded_count():
 def test_abs_row_sums_match_float64(d):
     """Rows in the (B, n, H, d) memory of the projections, a tail when d is not a multiple of the vector width."""
     x = torch.randn(2, 7, 3, d, generator=torch.Generator().manual_seed(4)).transpose(1, 2)
-    sums = landmarks_cpu.abs_row_sums(x)
+    sums = selection_cpu.abs_row_sums(x)
     assert sums.shape == (2, 3, 7)
     torch.testing.assert_close(sums.double(), x.double().abs().sum(-1), **tolerance(torch.float32, d))
 
 
 def test_abs_row_sums_of_other_tensors_are_abs_sum():
     x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
-    assert torch.equal(landmarks_cpu.abs_row_sums(x), x.abs().sum(-1))
+    assert torch.equal(selection_cpu.abs_row_sums(x), x.abs().sum(-1))
 
 
 def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
@@ -200,7 +200,7 @@ def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
         with pytest.warns(UserWarning, match="without its CPU kernels: .*'no-such-compiler' was not found"):
             y = landmarks_cpu.attend(q, k, v, key_mask)
         assert torch.equal(y, F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
-        assert torch.equal(landmarks_cpu.abs_row_sums(q), q.abs().sum(-1))
+        assert torch.equal(selection_cpu.abs_row_sums(q), q.abs().sum(-1))
     finally:
         landmarks_cpu.library.cache_clear()
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attention import landmarks_cpu
+from attention import landmarks_cpu, selection_cpu
 from attention.selection import _top, select_indices
 from tests.attention_reference import padded_mask
 
@@ -62,7 +62,7 @@ def test_ties_break_by_lowest_index():
 @pytest.mark.parametrize("force_cls", [False, True])
 def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls, kernel, monkeypatch):
     """Integer priorities (many ties), pads, fewer real tokens than m: the m winners of a stable sort, by the CPU
-    kernel (attention.landmarks_cpu.top_indices) and by the PyTorch form of other devices."""
+    kernel (attention.selection_cpu.top_indices) and by the PyTorch form of other devices."""
     monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(0)
     q = torch.randint(-2, 3, (3, 2, 50, 1), generator=generator).float()  # 'sum' priority = the value
@@ -88,9 +88,9 @@ def test_top_m_kernel_equals_the_pytorch_form_with_nan_and_infinite_priorities(m
     mask = padded_mask(3, 40, [40, 23, 3])
     for force_cls in (False, True):
         for m in (1, 5, 23, 40):
-            kernel = landmarks_cpu.top_indices(priority, mask, m, force_cls)
+            kernel = selection_cpu.top_indices(priority, mask, m, force_cls)
             monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", False)
-            assert landmarks_cpu.top_indices(priority, mask, m, force_cls) is None  # _top runs the PyTorch form
+            assert selection_cpu.top_indices(priority, mask, m, force_cls) is None  # _top runs the PyTorch form
             assert torch.equal(kernel, _top(priority.clone(), mask, m, force_cls)), (m, force_cls)
             monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", True)
 
