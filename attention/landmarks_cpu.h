@@ -6,9 +6,6 @@
 #pragma once
 
 #include <algorithm>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +13,10 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>  // VFIXUPIMMPS (add_times_sign)
+#endif
 
 #ifndef LRA_VECTOR_BYTES
 #define LRA_VECTOR_BYTES 16

@@ -87,7 +87,7 @@ inline void tile(const T* xp, int64_t xrow, const A* wv, const T* im, int64_t i,
 
 // Output rows per tile: R x 2 vector accumulators, as many as the registers allow beside the inputs.
 constexpr int kTileRows = kBytes == 64 ? 8 : 4;
-constexpr int64_t kAhead = 16;  // rows between the tile computed and the rows prefetched (model memory: a head's rows 2 cache lines apart)
+constexpr int64_t kAhead = 16;  // rows between the tile computed and the rows prefetched (landmarks_cpu.h's prefetch_rows)
 
 template <typename T>
 void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask, const T* base, Layout bl, T* y,
