@@ -44,7 +44,7 @@ CPU_KERNEL = True  # False runs the PyTorch forms (tests and benchmarks compare 
 MAX_KEYS = 128
 
 
-def _load(source: Path, instead: str, vector_bytes: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
+def load_kernels(source: Path, instead: str, vector_bytes: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
     """``source`` built by :func:`attention.l1_cpu.build` with each function's ``argtypes`` set (``int`` result),
     or None with a warning that ``instead`` runs (no compiler); ``vector_bytes`` names its vector-size function."""
     lib = l1_cpu.load_or_warn(source, instead)
@@ -58,15 +58,16 @@ def _load(source: Path, instead: str, vector_bytes: str, signatures: dict[str, l
     return lib
 
 
-_I64, _PTR, _TAIL = ctypes.c_int64, ctypes.c_void_p, [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # scale, l1, threads
+I64, PTR = ctypes.c_int64, ctypes.c_void_p  # argtypes of load_kernels' signatures
+_TAIL = [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # the attention kernels' last arguments: scale, l1, threads
 
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """The forward kernels (``landmarks_cpu.cpp``), or None (with a warning) without a compiler."""
-    return _load(SOURCE, "landmark attention runs without its CPU kernels", "landmarks_vector_bytes", {
-        "landmarks_few_keys_attend_f32": [_PTR] * 10 + [_I64] * 6 + _TAIL,
-        "landmarks_few_queries_attend_f32": [_PTR] * 6 + [_I64] + [_PTR] * 4 + [_I64] * 6 + _TAIL,
+    return load_kernels(SOURCE, "landmark attention runs without its CPU kernels", "landmarks_vector_bytes", {
+        "landmarks_few_keys_attend_f32": [PTR] * 10 + [I64] * 6 + _TAIL,
+        "landmarks_few_queries_attend_f32": [PTR] * 6 + [I64] + [PTR] * 4 + [I64] * 6 + _TAIL,
     })
 
 
@@ -74,10 +75,10 @@ def library() -> ctypes.CDLL | None:
 def backward_library() -> ctypes.CDLL | None:
     """The backward kernels (``landmarks_backward_cpu.cpp``), or None (with a warning: ATen's flash backward runs
     instead)."""
-    return _load(BACKWARD_SOURCE, "landmark attention's backward runs ATen's flash backward",
+    return load_kernels(BACKWARD_SOURCE, "landmark attention's backward runs ATen's flash backward",
                  "landmarks_backward_vector_bytes", {
-                     "landmarks_few_keys_backward_f32": [_PTR] * 16 + [_I64] * 7 + _TAIL,
-                     "landmarks_few_queries_backward_f32": [_PTR] * 11 + [_I64] + [_PTR] * 5 + [_I64] * 6 + _TAIL,
+                     "landmarks_few_keys_backward_f32": [PTR] * 16 + [I64] * 7 + _TAIL,
+                     "landmarks_few_queries_backward_f32": [PTR] * 11 + [I64] + [PTR] * 5 + [I64] * 6 + _TAIL,
                  })
 
 
@@ -89,7 +90,8 @@ def kernel_takes(*tensors: torch.Tensor) -> bool:
             and library() is not None)
 
 
-def _strides(x: torch.Tensor) -> ctypes.Array:
+def strides_of(x: torch.Tensor) -> ctypes.Array:
+    """The first three strides of ``x`` (batch, head, row) as the kernels' ``int64_t[3]``."""
     return (ctypes.c_int64 * 3)(*x.stride()[:3])
 
 
@@ -148,8 +150,8 @@ def few_keys_forward(q, k, v, bias, scale: float, l1: bool = False) -> tuple[tor
     y = q.new_empty(batch, n, heads, d).transpose(1, 2)
     row_max, row_sum = q.new_empty(2, batch, heads, n)
     status = library().landmarks_few_keys_attend_f32(
-        q.data_ptr(), _strides(q), kt.data_ptr(), padded_bias.data_ptr(), v.data_ptr(), _strides(v), y.data_ptr(),
-        _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, n, m, mp, d, scale, l1,
+        q.data_ptr(), strides_of(q), kt.data_ptr(), padded_bias.data_ptr(), v.data_ptr(), strides_of(v), y.data_ptr(),
+        strides_of(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, n, m, mp, d, scale, l1,
         torch.get_num_threads())
     if status:
         raise ValueError(f"landmarks_cpu: m={m} (padded {mp}) or d={d} is not supported by the few-keys kernel")
@@ -167,8 +169,8 @@ def few_queries_forward(q, k, v, bias, scale: float, l1: bool = False) -> tuple[
     y = q.new_empty(batch, m, heads, d).transpose(1, 2)
     row_max, row_sum = q.new_empty(2, batch, heads, m)
     status = library().landmarks_few_queries_attend_f32(
-        qt.data_ptr(), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v), bias.data_ptr(), bias.shape[1],
-        y.data_ptr(), _strides(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, m, mq, n, d, scale, l1,
+        qt.data_ptr(), k.data_ptr(), strides_of(k), v.data_ptr(), strides_of(v), bias.data_ptr(), bias.shape[1],
+        y.data_ptr(), strides_of(y), row_max.data_ptr(), row_sum.data_ptr(), batch, heads, m, mq, n, d, scale, l1,
         torch.get_num_threads())
     if status:
         raise ValueError(f"landmarks_cpu: m={m} (padded {mq}) or d={d} is not supported by the few-queries kernel")
@@ -190,8 +192,8 @@ def few_keys_backward(grad, q, k, v, bias, y, lse, scale: float, l1: bool = Fals
     zero_rows = q.new_empty(batch, heads, 0, dtype=torch.int64) if zero_rows is None else zero_rows.contiguous()
     dq, (dk, dv) = torch.empty_like(q), q.new_empty(2, batch, heads, m, d)  # dQ in q's memory layout
     status = backward_library().landmarks_few_keys_backward_f32(
-        q.data_ptr(), _strides(q), grad.data_ptr(), _strides(grad), y.data_ptr(), _strides(y), lse.data_ptr(),
-        kt.data_ptr(), vt.data_ptr(), k_rows.data_ptr(), padded_bias.data_ptr(), dq.data_ptr(), _strides(dq),
+        q.data_ptr(), strides_of(q), grad.data_ptr(), strides_of(grad), y.data_ptr(), strides_of(y), lse.data_ptr(),
+        kt.data_ptr(), vt.data_ptr(), k_rows.data_ptr(), padded_bias.data_ptr(), dq.data_ptr(), strides_of(dq),
         dk.data_ptr(), dv.data_ptr(), zero_rows.data_ptr(), zero_rows.shape[-1], batch, heads, n, m, mp, d, scale, l1,
         torch.get_num_threads())
     if status:
@@ -215,9 +217,9 @@ def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float,
     dq, dk, dv = q.new_empty(q.shape), torch.empty_like(k), torch.empty_like(v)  # dK, dV in k's, v's layouts
     status = backward_library().landmarks_few_queries_backward_f32(
         qt.data_ptr(), dyt.data_ptr(), q_rows.data_ptr(), grad_rows.data_ptr(), neg_lse.data_ptr(),
-        delta.data_ptr(), k.data_ptr(), _strides(k),
-        v.data_ptr(), _strides(v), bias.data_ptr(), bias.shape[1], dq.data_ptr(), dk.data_ptr(), _strides(dk),
-        dv.data_ptr(), _strides(dv), batch, heads, m, mq, n, d, scale, l1, torch.get_num_threads())
+        delta.data_ptr(), k.data_ptr(), strides_of(k),
+        v.data_ptr(), strides_of(v), bias.data_ptr(), bias.shape[1], dq.data_ptr(), dk.data_ptr(), strides_of(dk),
+        dv.data_ptr(), strides_of(dv), batch, heads, m, mq, n, d, scale, l1, torch.get_num_threads())
     if status:
         raise ValueError(f"landmarks_cpu: m={m} (padded {mq}) or d={d} is not supported by the few-queries backward")
     return dq, dk, dv

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from attention.landmarks_cpu import _I64, _PTR, _load, _strides, kernel_takes
+from attention.landmarks_cpu import I64, PTR, kernel_takes, load_kernels, strides_of
 
 SOURCE = Path(__file__).with_name("landmarks_selection_cpu.cpp")
 
@@ -25,9 +25,9 @@ SOURCE = Path(__file__).with_name("landmarks_selection_cpu.cpp")
 @functools.lru_cache(maxsize=None)
 def selection_library() -> ctypes.CDLL | None:
     """The selection kernels (``landmarks_selection_cpu.cpp``), or None (with a warning) without a compiler."""
-    return _load(SOURCE, "CUR's selection runs its PyTorch form", "landmarks_selection_vector_bytes", {
-        "landmarks_abs_row_sums_f32": [_PTR] * 3 + [_I64] * 4 + [ctypes.c_int],
-        "landmarks_top_indices_f32": [_PTR] * 3 + [_I64] * 4 + [ctypes.c_int] * 2,
+    return load_kernels(SOURCE, "CUR's selection runs its PyTorch form", "landmarks_selection_vector_bytes", {
+        "landmarks_abs_row_sums_f32": [PTR] * 3 + [I64] * 4 + [ctypes.c_int],
+        "landmarks_top_indices_f32": [PTR] * 3 + [I64] * 4 + [ctypes.c_int] * 2,
     })
 
 
@@ -37,7 +37,7 @@ def abs_row_sums(x: torch.Tensor) -> torch.Tensor:
         return x.abs().sum(-1)
     batch, heads, n, d = x.shape
     out = x.new_empty(batch, heads, n)
-    selection_library().landmarks_abs_row_sums_f32(x.data_ptr(), _strides(x), out.data_ptr(), batch, heads, n, d,
+    selection_library().landmarks_abs_row_sums_f32(x.data_ptr(), strides_of(x), out.data_ptr(), batch, heads, n, d,
                                                    torch.get_num_threads())
     return out
 
