@@ -5,9 +5,9 @@
 //   training step was slower with them, docs/bench.md). Per problem p (a (batch, head) pair) and query row i:
 //     s_ij = scale * q_i . k_j + bias_j,   y_i = sum_j exp(s_ij - max_j s_ij) v_j / sum_j exp(s_ij - max_j s_ij)
 //   with bias 0 or -inf per key; with l1 != 0 the score is L1 distance's s_ij = scale * ||q_i - k_j||_1 + bias_j
-//   (EcoTransformer; scale = -lambda / sqrt(d) from the caller), everything else the same. They write max_j s_ij and sum_j exp(s_ij - max) per row, from which the caller
-//   forms lse = max + log(sum) where backward needs it; a row whose keys are all masked gets y_i = 0, max 0 and
-//   sum 1 (lse 0), as ATen's flash kernel gives it. The few side is transposed and zero-padded by the caller
+//   (EcoTransformer; scale = -lambda / sqrt(d) from the caller), everything else the same. They write max_j s_ij
+//   and sum_j exp(s_ij - max) per row, from which the caller forms lse = max + log(sum) where backward needs it;
+//   a row whose keys are all masked gets y_i = 0, max 0 and sum 1 (lse 0), as ATen's flash kernel gives it. The few side is transposed and zero-padded by the caller
 //   (kt (P, d, mp) or qt (P, d, mq), mp and mq a power of two times the vector width); everything else is
 //   addressed by strides (rows of d contiguous floats, d % W == 0). Exponentials are a vector polynomial
 //   (Cephes' expf), row reductions butterfly shuffles.
