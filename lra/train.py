@@ -186,10 +186,10 @@ def write_test_predictions(trainer: L.Trainer, module, run_dir: Path) -> None:
 
 
 def finish_wandb() -> None:
-    """Close the W&B run of this job so the next job of a multirun opens its own."""
-    import wandb
-
-    if wandb.run is not None:
+    """Close the W&B run of this job so the next job of a multirun opens its own (nothing to close, and no
+    import, when no logger made one: ``logger=csv`` runs without wandb installed)."""
+    wandb = sys.modules.get("wandb")
+    if getattr(wandb, "run", None) is not None:
         wandb.finish()
 
 
