@@ -252,3 +252,15 @@ def test_default_output_folder_is_a_fresh_folder_under_outputs_bench():
     first, second = common.default_out_dir(), common.default_out_dir()
     assert first.parent == second.parent == REPO_ROOT / "outputs" / "bench"
     assert first != second
+
+
+@pytest.mark.parametrize("task, expected", [("listops", ()), ("retrieval", (2,))])
+def test_bench_train_probes_the_head_on_the_model_device(task, expected):
+    """The worker's one-document/pair probe runs where the model lives (a CPU probe of a CUDA model failed every
+    variant of `lra.bench train --device cuda`); the meta device stands in for CUDA here."""
+    from lra.bench.train_worker import documents_shape
+    from lra.config import compose_config
+    from lra.module import build_model
+
+    model = build_model(compose_config([f"task={task}", "attention=softmax"])).to("meta")
+    assert documents_shape(model) == expected

@@ -61,12 +61,12 @@ def reset_peak_rss() -> None:
 def documents_shape(model: nn.Module) -> tuple[int, ...]:
     """Leading shape of one example's ids: ``()`` for a single-document head, ``(2,)`` for a pair head
     (Retrieval's ``PairHead`` rejects single-document features with a ValueError)."""
-    d_model = model.token_embedding.embedding_dim
+    d_model, device = model.token_embedding.embedding_dim, model.token_embedding.weight.device
     try:
-        model.head(torch.zeros(1, d_model))
+        model.head(torch.zeros(1, d_model, device=device))
         return ()
     except ValueError:
-        model.head(torch.zeros(1, 2, d_model))
+        model.head(torch.zeros(1, 2, d_model, device=device))
         return (2,)
 
 
