@@ -15,6 +15,8 @@ import torch
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     """``torch.autocast(device_type, enabled=False)``, or a null context where ``device_type`` has no autocast."""
-    if torch.amp.is_autocast_available(device_type):
+    # torch.compile runs on devices that have autocast, and some versions' Dynamo cannot trace the availability
+    # query (torch 2.11 broke the graph there once per float32 region on CUDA)
+    if torch.compiler.is_compiling() or torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type=device_type, enabled=False)
     return contextlib.nullcontext()

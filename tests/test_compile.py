@@ -220,3 +220,28 @@ def test_gpu_check_compile_rows_and_failures(monkeypatch):
     gpu_check.run_step(step, ["softmax", "curformer", "mega"])
     assert step.status == "failed (AssertionError)"
     assert "for: curformer, mega" in step.details[0] and "| mega | failed: RuntimeError: no C++ compiler" in "\n".join(step.details)
+
+
+def test_autocast_off_compiles_without_the_availability_query(monkeypatch):
+    """torch 2.11's Dynamo cannot trace ``torch.amp.is_autocast_available`` (a graph break per float32 region on
+    CUDA, seen on an H200): under torch.compile :func:`autocast_off` must not ask it. An untraceable stand-in
+    fails a full-graph compile wherever it is called."""
+    from attention.precision import autocast_off
+
+    asked = []
+
+    def untraceable(device_type: str) -> bool:
+        asked.append(device_type)
+        return True
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", torch._dynamo.disable(untraceable))
+
+    def double(x):
+        with autocast_off(x.device.type):
+            return x * 2
+
+    torch._dynamo.reset()
+    out = torch.compile(double, fullgraph=True, backend="eager")(torch.ones(3))
+    torch._dynamo.reset()
+    assert asked == [] and torch.equal(out, torch.full((3,), 2.0))
+    assert autocast_off("cpu") is not None and asked == ["cpu"]  # eager still asks (meta has no autocast)
