@@ -14,6 +14,7 @@
 // * few queries (m <= 128 queries, R V and Nyström's k3 V): dQ (m x d) stays in cache, dK and dV rows are
 //   written per key block; blocks whose keys are all padding get zero gradients without any arithmetic.
 #include "landmarks_cpu.h"
+#include "prefetch_cpu.h"
 
 namespace {
 

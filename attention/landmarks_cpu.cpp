@@ -13,6 +13,7 @@
 //   (Cephes' expf), row reductions butterfly shuffles.
 // Vector type, exponential, reductions and the thread helper: landmarks_cpu.h.
 #include "landmarks_cpu.h"
+#include "prefetch_cpu.h"
 
 namespace {
 

@@ -76,17 +76,6 @@ inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline vec hmax(vec v) { return butterfly(v, vmax); }
 inline vec hsum(vec v) { return butterfly(v, [](vec a, vec b) { return a + b; }); }
 
-// Asks for rows [from, min(to, n)) of x (rows x_row floats apart, d floats each) to be brought into cache ahead of
-// their use (Write: rows about to be written). Streams with a row stride above a cache line (a head's rows in the
-// model's (B, n, H, d) memory) are ones the hardware prefetchers follow late: measured on the few-keys forward from
-// a cold cache, 6.3 -> 4.9 ms (n = 4096, batch 8, 2 heads, d = 32).
-template <bool Write = false> inline void prefetch_rows(const float* x, int64_t x_row, int64_t from, int64_t to,
-                                                         int64_t n, int64_t d) {
-  constexpr int64_t kLine = 64 / sizeof(float);
-  for (int64_t r = from; r < std::min(to, n); ++r)
-    for (int64_t c = 0; c < d; c += kLine) __builtin_prefetch(x + r * x_row + c, Write);
-}
-
 // Runs f(lo, hi) over [0, tasks) split into `threads` contiguous ranges (the calling thread takes one).
 template <typename F> void parallel(int64_t tasks, int threads, F f) {
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, tasks));

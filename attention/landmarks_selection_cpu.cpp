@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "landmarks_cpu.h"
+#include "prefetch_cpu.h"
 
 namespace {
 

@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "prefetch_cpu.h"
+
 namespace {
 
 #ifndef LRA_VECTOR_BYTES
@@ -87,7 +89,7 @@ inline void tile(const T* xp, int64_t xrow, const A* wv, const T* im, int64_t i,
 
 // Output rows per tile: R x 2 vector accumulators, as many as the registers allow beside the inputs.
 constexpr int kTileRows = kBytes == 64 ? 8 : 4;
-constexpr int64_t kAhead = 16;  // rows between the tile computed and the rows prefetched (landmarks_cpu.h's prefetch_rows)
+constexpr int64_t kAhead = 16;  // rows between the tile computed and the rows prefetched (prefetch_cpu.h)
 
 template <typename T>
 void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask, const T* base, Layout bl, T* y,
@@ -139,13 +141,10 @@ void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask
       };
       int64_t i = 0;
       for (; i + kTileRows <= n; i += kTileRows) {
-        for (int64_t r = i + kAhead; r < std::min(n, i + kAhead + kTileRows); ++r) {  // rows met kAhead rows on
-          for (int64_t c = 0; c < d; c += 64 / sizeof(T)) {
-            if (r + half < n) __builtin_prefetch(xp + (r + half) * xl.row + c);
-            if (base) __builtin_prefetch(base + b * bl.b + h * bl.h + r * bl.row + c);
-            __builtin_prefetch(y + b * yl.b + h * yl.h + r * yl.row + c, 1);
-          }
-        }
+        const int64_t from = i + kAhead, to = i + kAhead + kTileRows;  // the rows met kAhead rows on
+        prefetch_rows(xp + half * xl.row, xl.row, from, to, n - half, d);  // x rows r + half < n
+        if (base) prefetch_rows(base + b * bl.b + h * bl.h, bl.row, from, to, n, d);
+        prefetch_rows<true>(y + b * yl.b + h * yl.h, yl.row, from, to, n, d);
         rows(std::integral_constant<int, kTileRows>{}, i);
       }
       for (; i < n; ++i) rows(std::integral_constant<int, 1>{}, i);
