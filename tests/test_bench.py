@@ -59,6 +59,9 @@ def test_flop_counter_matmul_and_cpu_sdpa():
     mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
     flops = common.count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
     assert flops == batch * heads * (2 * length * length * dim) * 2  # Q Kᵀ and A V
+    c, x, y = torch.randn(5, 6, 4), torch.randn(5, 6, 10), torch.randn(5, 10, 4)
+    assert common.count_flops(lambda: c.baddbmm_(x, y, alpha=-1)) == common.count_flops(lambda: torch.bmm(x, y))
+    assert common.count_flops(lambda: c.baddbmm_(x, y)) == 2 * 5 * 6 * 10 * 4  # in place, as pinv's backward
 
 
 def test_variants_are_discovered_from_configs():

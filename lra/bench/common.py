@@ -203,17 +203,24 @@ def _cpu_sdpa_backward_flops(grad_out, query, key, value, *args, out_shape=None,
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-# torch's FLOP registry covers the CUDA SDPA kernels but not the CPU flash kernel; same formulas here.
-CPU_SDPA_FLOPS = {
+def _inplace_baddbmm_flops(self_shape, batch1_shape, batch2_shape, *args, out_shape=None, **kwargs) -> int:
+    batch, rows, inner = batch1_shape
+    return 2 * batch * rows * inner * batch2_shape[-1]  # the product; torch's out-of-place formula counts the same
+
+
+# torch's FLOP registry covers the CUDA SDPA kernels but not the CPU flash kernel, and baddbmm but not its in-place
+# form (attention/pinv.py's backward); same formulas here.
+EXTRA_FLOPS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_forward_flops,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
+    torch.ops.aten.baddbmm_: _inplace_baddbmm_flops,
 }
 
 
 def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of ``fn()`` by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, SDPA;
-    elementwise ops, softmax and ``cdist`` are not counted by torch's registry)."""
-    with FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS) as counter:
+    """FLOPs of ``fn()`` by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, SDPA, with
+    :data:`EXTRA_FLOPS`; elementwise ops, softmax and ``cdist`` are not counted by torch's registry)."""
+    with FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) as counter:
         fn()
     return int(counter.get_total_flops())
 
