@@ -73,3 +73,13 @@ def test_a_run_killed_after_its_checkpoint_and_resumed_logs_one_metrics_csv(tiny
     whole = run_cli([*args, f"hydra.run.dir={straight}"])
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert run_dir.joinpath(*METRICS).read_bytes() == straight.joinpath(*METRICS).read_bytes()
+
+
+def test_closing_the_wandb_run_needs_no_wandb_where_no_logger_made_one(monkeypatch):
+    """``logger=csv`` runs on machines without wandb (as on a GPU lease): the end of a job imports nothing."""
+    import sys
+
+    from lra.train import finish_wandb
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    finish_wandb()
