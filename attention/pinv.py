@@ -66,13 +66,15 @@ def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head"
         norm = (col_sum * row_sum).clamp_min(torch.finfo(dtype).tiny)[..., None, None]
         shape, m = a.shape, a.shape[-1]
         a = a.reshape(-1, m, m)  # one batch dimension for bmm/baddbmm
-        z = _Iterations.apply(a, a.transpose(-1, -2) / norm.reshape(-1, 1, 1), n_iter)
+        z = a.transpose(-1, -2) / norm.reshape(-1, 1, 1)
+        recorded = torch.is_grad_enabled() and z.requires_grad  # z carries a's requires_grad
+        z = _Iterations.apply(a, z, n_iter) if recorded else _iterate(a, z, n_iter)
     return z.reshape(shape)
 
 
 def _iterate(a: torch.Tensor, z: torch.Tensor, n_iter: int, saved: list | None = None) -> torch.Tensor:
-    """``n_iter`` steps ``Z ← ¼ Z (13I − AZ(15I − AZ(7I − AZ)))`` on ``(P, m, m)`` matrices (¼ folded into the last
-    product); with ``saved``, each step's ``(Z, AZ, 7I − AZ, inner, P)`` is appended for the backward."""
+    """``n_iter`` steps ``Z ← Z S``, ``S = ¼ (13I − AZ(15I − AZ(7I − AZ)))``, on ``(P, m, m)`` matrices; with
+    ``saved``, each step's ``(Z, AZ, W = 7I − AZ, inner = 15I − AZ W, S)`` is appended for the backward."""
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     eye_7, eye_15, eye_13_4 = 7 * eye, 15 * eye, 3.25 * eye
     for _ in range(n_iter):
@@ -90,8 +92,8 @@ class _Iterations(torch.autograd.Function):
     """:func:`_iterate` as one autograd node: the same forward, and a backward that is exactly the chain rule through
     every step, written as eight GEMMs per step with the constants folded into their ``alpha`` (``baddbmm``), where
     autograd adds a scaling, a negation and an accumulation pass per product. Per step, from ``G = ∂L/∂Z'``:
-    ``∂P = Zᵀ G``, ``∂Z = G Pᵀ``, ``∂inner = −¼ (AZ)ᵀ ∂P``, ``∂(AZ) = −¼ ∂P innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner``
-    (``W = 7I − AZ``), then ``∂A += ∂(AZ) Zᵀ`` and ``∂Z += Aᵀ ∂(AZ)``."""
+    ``∂S = Zᵀ G``, ``∂Z = G Sᵀ``, ``∂inner = −¼ (AZ)ᵀ ∂S``, ``∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner``,
+    then ``∂A += ∂(AZ) Zᵀ`` and ``∂Z += Aᵀ ∂(AZ)``. Used when autograd records the call (:func:`iterative_pinv`)."""
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, z: torch.Tensor, n_iter: int) -> torch.Tensor:
@@ -109,6 +111,7 @@ class _Iterations(torch.autograd.Function):
             z, az, w, inner, step = flat[5 * index: 5 * index + 5]
             grad_step = torch.bmm(z.mT, grad_z)
             grad_z = torch.bmm(grad_z, step.mT)
+            # beta = 0: the first argument only gives the shape, alpha the product's scale
             grad_inner = torch.baddbmm(inner, az.mT, grad_step, beta=0, alpha=-0.25)
             grad_az = torch.baddbmm(inner, grad_step, inner.mT, beta=0, alpha=-0.25)
             grad_az.baddbmm_(grad_inner, w.mT, alpha=-1).baddbmm_(az.mT, grad_inner)
