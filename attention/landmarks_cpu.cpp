@@ -7,10 +7,10 @@
 //   with bias 0 or -inf per key; with l1 != 0 the score is L1 distance's s_ij = scale * ||q_i - k_j||_1 + bias_j
 //   (EcoTransformer; scale = -lambda / sqrt(d) from the caller), everything else the same. They write max_j s_ij
 //   and sum_j exp(s_ij - max) per row, from which the caller forms lse = max + log(sum) where backward needs it;
-//   a row whose keys are all masked gets y_i = 0, max 0 and sum 1 (lse 0), as ATen's flash kernel gives it. The few side is transposed and zero-padded by the caller
-//   (kt (P, d, mp) or qt (P, d, mq), mp and mq a power of two times the vector width); everything else is
-//   addressed by strides (rows of d contiguous floats, d % W == 0). Exponentials are a vector polynomial
-//   (Cephes' expf), row reductions butterfly shuffles.
+//   a row whose keys are all masked gets y_i = 0, max 0 and sum 1 (lse 0), as ATen's flash kernel gives it. The
+//   few side is transposed and zero-padded by the caller (kt (P, d, mp) or qt (P, d, mq), mp and mq a power of two
+//   times the vector width); everything else is addressed by strides (rows of d contiguous floats, d % W == 0).
+//   Exponentials are a vector polynomial (Cephes' expf), row reductions butterfly shuffles.
 // Vector type, exponential, reductions and the thread helper: landmarks_cpu.h.
 #include "landmarks_cpu.h"
 #include "prefetch_cpu.h"
