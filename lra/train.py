@@ -39,7 +39,7 @@ from lra.pretrain import validate as validate_pretrain
 from lra.run_dir import ResumeRefused, check_resume, checkpoints, claim, drop_unused_pretrain, resume_checkpoint
 from lra.results import (config_differences, git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
                          write_results)
-from lra.wandb_summary import run_config
+from lra.wandb_summary import active_run, run_config
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
@@ -186,11 +186,11 @@ def write_test_predictions(trainer: L.Trainer, module, run_dir: Path) -> None:
 
 
 def finish_wandb() -> None:
-    """Close the W&B run of this job so the next job of a multirun opens its own (nothing to close, and no
-    import, when no logger made one: ``logger=csv`` runs without wandb installed)."""
-    wandb = sys.modules.get("wandb")
-    if getattr(wandb, "run", None) is not None:
-        wandb.finish()
+    """Close the W&B run of this job so the next job of a multirun opens its own (nothing to close where no logger
+    made one)."""
+    run = active_run()
+    if run is not None:
+        run.finish()
 
 
 def stop_on_sigterm(signum, frame) -> None:

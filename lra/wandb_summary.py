@@ -66,9 +66,14 @@ def summary_fields(record: dict[str, Any]) -> dict[str, Any]:
     return {summary_name(key): value for key, value in record.items() if isinstance(value, SCALARS)}
 
 
+def active_run():
+    """This process's W&B run, or None; wandb is never imported here (not imported: no logger made a run, and a
+    ``logger=csv`` run needs no wandb installed)."""
+    return getattr(sys.modules.get("wandb"), "run", None)
+
+
 def write_summary(record: dict[str, Any]) -> None:
     """Put the record into the active W&B run's summary; nothing when this process has no W&B run."""
-    wandb = sys.modules.get("wandb")  # not imported: no logger made a W&B run in this process
-    run = getattr(wandb, "run", None)
+    run = active_run()
     if run is not None:
         run.summary.update(summary_fields(record))
