@@ -106,7 +106,7 @@ class _Iterations(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         a, *flat = ctx.saved_tensors
-        grad_a, grad_z = torch.zeros_like(a), grad.contiguous()
+        grad_a, grad_z = torch.zeros_like(a), grad  # grad_z is a fresh product after the first step
         for index in range(len(flat) // 5 - 1, -1, -1):
             z, az, w, inner, step = flat[5 * index: 5 * index + 5]
             grad_step = torch.bmm(z.mT, grad_z)
