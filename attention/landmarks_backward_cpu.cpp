@@ -82,7 +82,7 @@ void add_outer(const float* a, const float* x, float* out, const float* b, const
 // Few keys: row_add = -lse, lane_add = bias, row_sub = D, lane_sub = 0; few queries: row_add = bias,
 // lane_add = -lse (-inf on padded lanes), row_sub = 0, lane_sub = D.
 struct Scores {
-  const float *x, *g, *ft, *gt, *row_add, *lane_add, *row_sub, *lane_sub;
+  const float *x, *g, *ft, *ft_sum, *gt, *row_add, *lane_add, *row_sub, *lane_sub;  // ft_sum: L1 (lane_sums)
   int64_t x_row, g_row;
 };
 
@@ -90,7 +90,7 @@ template <int R, int MV, bool L1>
 void weights_and_grads(const Scores& s, float scale, int64_t d, float* weights, float* grads) {
   constexpr int mp = MV * W;
   vec acc[R][MV], dp[R][MV];
-  row_products<R, MV, L1>(s.x, s.x_row, s.ft, d, acc);
+  row_products<R, MV, L1>(s.x, s.x_row, s.ft, d, acc, s.ft_sum);
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < MV; ++u) {
       acc[r][u] = vexp(acc[r][u] * scale + s.row_add[r] + load(s.lane_add + u * W));
@@ -237,7 +237,8 @@ void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float 
   std::fill(p.dv, p.dv + m * d, 0.0f);
   std::fill(zeroed, zeroed + n, uint8_t{0});
   for (int64_t z = 0; z < p.zero_count; ++z) zeroed[p.zero_rows[z]] = 1;
-  alignas(64) float neg_lse[kRowTile], delta[kRowTile], zero[mp] = {};
+  alignas(64) float neg_lse[kRowTile], delta[kRowTile], zero[mp] = {}, kt_sum[mp];
+  if constexpr (L1) lane_sums(p.kt, d, mp, kt_sum);
   for (int64_t i = 0; i < n; i += kRowTile) {
     const int64_t count = std::min<int64_t>(kRowTile, n - i);
     prefetch_rows(p.q, p.q_row, i + kRowTile, i + 2 * kRowTile, n, d);  // the next tile's rows
@@ -249,7 +250,7 @@ void few_keys_backward(const FewKeys& p, int64_t n, int64_t m, int64_t d, float 
     const float* dy = rows_of_dy(p, zeroed, i, count, d, dy_tile, dy_row);
     for (int64_t r = 0; r < count; ++r)
       neg_lse[r] = -p.lse[i + r], delta[r] = dot(dy + r * dy_row, p.y + (i + r) * p.y_row, d);
-    weights_and_grads_rows<MV, L1>(Scores{q, dy, p.kt, p.vt, neg_lse, p.bias, delta, zero, p.q_row, dy_row},
+    weights_and_grads_rows<MV, L1>(Scores{q, dy, p.kt, kt_sum, p.vt, neg_lse, p.bias, delta, zero, p.q_row, dy_row},
                                    scale, count, d, weights, grads);
     if constexpr (L1) {
       sign_contract(grads, mp, q, p.q_row, p.k, p.dq + i * p.dq_row, p.dq_row, p.dk, count, m, d);
@@ -273,7 +274,8 @@ void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, 
   float* weights = scratch;                 // (kRowTile, mq)
   float* grads = weights + kRowTile * mq;   // (kRowTile, mq)
   std::fill(p.dq, p.dq + m * d, 0.0f);      // dQ: summed over all keys in place
-  alignas(64) float zero[kRowTile] = {};
+  alignas(64) float zero[kRowTile] = {}, qt_sum[mq];
+  if constexpr (L1) lane_sums(p.qt, d, mq, qt_sum);
   for (int64_t j = 0; j < n; j += kRowTile) {
     const int64_t count = std::min<int64_t>(kRowTile, n - j);
     prefetch_rows(p.k, p.k_row, j + kRowTile, j + 2 * kRowTile, n, d);  // the next block's rows
@@ -288,7 +290,7 @@ void few_queries_backward(const FewQueries& p, int64_t m, int64_t n, int64_t d, 
       continue;
     }
     const float* k = p.k + j * p.k_row;
-    weights_and_grads_rows<QV, L1>(Scores{k, p.v + j * p.v_row, p.qt, p.dyt, p.bias + j, p.neg_lse, zero, p.delta,
+    weights_and_grads_rows<QV, L1>(Scores{k, p.v + j * p.v_row, p.qt, qt_sum, p.dyt, p.bias + j, p.neg_lse, zero, p.delta,
                                           p.k_row, p.v_row}, scale, count, d, weights, grads);
     weighted_rows(weights, mq, p.dy, d, dv, p.dv_row, count, m, d);
     if constexpr (L1) {  // sign(k_j - q_i) = -sign(q_i - k_j): dK_j written, dQ_i accumulated

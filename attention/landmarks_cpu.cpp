@@ -20,7 +20,7 @@ namespace {
 using namespace landmarks;
 
 struct Problem {
-  const float *q, *kt, *bias, *v;
+  const float *q, *kt, *kt_sum, *bias, *v;  // kt_sum: lane_sums of kt (L1 scores only)
   float *y, *row_max, *row_sum;
   int64_t q_row, v_row, y_row;
 };
@@ -30,7 +30,7 @@ template <int R, int MV, bool L1>
 void rows(const Problem& p, int64_t m, int64_t d, float scale) {
   constexpr int mp = MV * W;
   vec logits[R][MV];
-  row_products<R, MV, L1>(p.q, p.q_row, p.kt, d, logits);
+  row_products<R, MV, L1>(p.q, p.q_row, p.kt, d, logits, p.kt_sum);
   alignas(64) float weights[R][mp];
   // Softmax, one step at a time for all R rows so that their dependency chains interleave.
   vec top[R], total[R];
@@ -123,6 +123,17 @@ void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d,
 // is skipped. Writes the m real rows of y (row stride y_row) and row_max, row_sum (m) as the few-keys kernel.
 constexpr int kKeyBlock = 32;
 
+// The logits of Keys keys (rows k_row apart) against the mq = QV * W queries of qt, scaled and biased (bias of
+// each key), into Keys rows of block (mq floats apart).
+template <int Keys, int QV, bool L1>
+void key_logits(const float* k, int64_t k_row, const float* qt, const float* qt_sum, const float* bias, int64_t d,
+                float scale, float* block) {
+  vec acc[Keys][QV];
+  row_products<Keys, QV, L1>(k, k_row, qt, d, acc, qt_sum);
+  for (int t = 0; t < Keys; ++t)
+    for (int u = 0; u < QV; ++u) store(block + t * QV * W + u * W, acc[t][u] * scale + bias[t]);
+}
+
 template <int QV, bool L1>
 void few_queries(const float* qt, const float* k, int64_t k_row, const float* v, int64_t v_row, const float* bias,
                  float* y, int64_t y_row, float* row_max, float* row_sum, int64_t m, int64_t n, int64_t d,
@@ -134,6 +145,8 @@ void few_queries(const float* qt, const float* k, int64_t k_row, const float* v,
   float* out = scratch + kKeyBlock * mq;   // (mq, d): unnormalised outputs
   float* factor = out + mq * d;            // (mq): rescaling of out by the new maxima
   std::fill(out, out + mq * d, 0.0f);
+  alignas(64) float qt_sum[mq];  // L1 scores: lane_sums of qt
+  if constexpr (L1) lane_sums(qt, d, mq, qt_sum);
   vec top[QV], total[QV];
   for (int u = 0; u < QV; ++u) top[u] = splat(-INFINITY), total[u] = vec{};
   for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
@@ -141,21 +154,11 @@ void few_queries(const float* qt, const float* k, int64_t k_row, const float* v,
     prefetch_rows(k, k_row, j0 + kKeyBlock, j0 + 2 * kKeyBlock, n, d);  // the next block's keys and values
     prefetch_rows(v, v_row, j0 + kKeyBlock, j0 + 2 * kKeyBlock, n, d);
     if (std::all_of(bias + j0, bias + j0 + keys, [](float b) { return b == -INFINITY; })) continue;
-    for (int64_t g = 0; g < keys; g += G) {  // logits of G keys x all queries
-      const int count = static_cast<int>(std::min<int64_t>(G, keys - g));
-      vec acc[G][QV] = {};
-      for (int64_t e = 0; e < d; ++e) {
-        vec qv[QV];
-        for (int u = 0; u < QV; ++u) qv[u] = load(qt + e * mq + u * W);
-        for (int t = 0; t < G; ++t) {
-          if (t >= count) break;
-          vec ke = splat(k[(j0 + g + t) * k_row + e]);
-          for (int u = 0; u < QV; ++u) acc[t][u] += term<L1>(ke, qv[u]);
-        }
-      }
-      for (int t = 0; t < count; ++t)
-        for (int u = 0; u < QV; ++u) store(block + (g + t) * mq + u * W, acc[t][u] * scale + bias[j0 + g + t]);
-    }
+    int64_t t = 0;  // logits of G keys x all queries at a time
+    for (; t + G <= keys; t += G)
+      key_logits<G, QV, L1>(k + (j0 + t) * k_row, k_row, qt, qt_sum, bias + j0 + t, d, scale, block + t * mq);
+    for (; t < keys; ++t)
+      key_logits<1, QV, L1>(k + (j0 + t) * k_row, k_row, qt, qt_sum, bias + j0 + t, d, scale, block + t * mq);
     for (int u = 0; u < QV; ++u) {  // per query: new maximum, rescaling factor, weights, running sum
       vec block_top = splat(-INFINITY);
       for (int64_t t = 0; t < keys; ++t) block_top = vmax(block_top, load(block + t * mq + u * W));
@@ -245,10 +248,13 @@ int landmarks_few_keys_attend_f32(const float* q, const int64_t* q_strides, cons
                                   int64_t mp, int64_t d, float scale, int l1, int threads) {
   if (d % W || m > mp || mp > kMaxKeys || mp % W || !with_vectors(mp / W, [](auto) {})) return -1;
   std::vector<Problem> problems(batch * heads);
+  std::vector<float> kt_sums(l1 ? batch * heads * mp : 0);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t index = b * heads + h;
-      problems[index] = Problem{q + b * q_strides[0] + h * q_strides[1], kt + index * d * mp, bias + index * mp,
+      if (l1) lane_sums(kt + index * d * mp, d, mp, kt_sums.data() + index * mp);
+      problems[index] = Problem{q + b * q_strides[0] + h * q_strides[1], kt + index * d * mp,
+                                l1 ? kt_sums.data() + index * mp : nullptr, bias + index * mp,
                                 v + b * v_strides[0] + h * v_strides[1], y + b * y_strides[0] + h * y_strides[1],
                                 row_max + index * n, row_sum + index * n, q_strides[2], v_strides[2], y_strides[2]};
     }

@@ -105,16 +105,37 @@ inline void add_times_sign(vec g, vec x, vec& a, vec& b) {
 #endif
 }
 
-// The score's pairwise term: the dot product's x * f, or L1 distance's |x - f| (EcoTransformer), summed over e.
+// The score's pairwise term: the dot product's x * f, or for L1 distance (EcoTransformer) max(x, f), two vector
+// operations per element where |x - f| takes three: |x - f| = 2 max(x, f) - x - f, so that
+//   sum_e |x_e - f_e| = 2 sum_e max(x_e, f_e) - sum_e x_e - sum_e f_e
+// (row_products applies the sums). Rounding: the error is eps * (sum |x| + sum |f|) instead of eps * sum |x - f|,
+// the same size where x and f are centred (the largest part of a score is then the distance itself).
 template <bool L1> inline vec term(vec x, vec f) {
-  if constexpr (L1) return vabs(x - f);
+  if constexpr (L1) return vmax(x, f);
   return x * f;
+}
+
+inline float row_sum(const float* x, int64_t d) {
+  vec sum = {};
+  for (int64_t e = 0; e < d; e += W) sum += load(x + e);
+  return hsum(sum)[0];
+}
+
+// sums[l] = sum_e ft[e * lanes + l]: the few side's coordinate sums (lanes a multiple of W) for L1 row_products.
+inline void lane_sums(const float* ft, int64_t d, int64_t lanes, float* sums) {
+  for (int64_t l = 0; l < lanes; l += W) {
+    vec sum = {};
+    for (int64_t e = 0; e < d; ++e) sum += load(ft + e * lanes + l);
+    store(sums + l, sum);
+  }
 }
 
 // acc[r][u] = sum_e term(x[r * x_row + e], ft[e * MV * W + u * W ..]) for R rows of x against the MV * W columns
 // of ft (d x MV * W, the few side transposed): R x MV vectors in registers, each ft vector loaded once for all rows.
-template <int R, int MV, bool L1 = false> inline void row_products(const float* x, int64_t x_row, const float* ft,
-                                                                   int64_t d, vec (&acc)[R][MV]) {
+// L1: the distances sum_e |x_e - f_e|, from the sums of max and ft_sum (lane_sums of ft; unread for dot products).
+template <int R, int MV, bool L1 = false>
+inline void row_products(const float* x, int64_t x_row, const float* ft, int64_t d, vec (&acc)[R][MV],
+                         const float* ft_sum = nullptr) {
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < MV; ++u) acc[r][u] = vec{};
   for (int64_t e = 0; e < d; ++e) {
@@ -125,6 +146,11 @@ template <int R, int MV, bool L1 = false> inline void row_products(const float* 
       for (int u = 0; u < MV; ++u) acc[r][u] += term<L1>(xe, f[u]);
     }
   }
+  if constexpr (L1)
+    for (int r = 0; r < R; ++r) {
+      const float x_sum = row_sum(x + r * x_row, d);
+      for (int u = 0; u < MV; ++u) acc[r][u] = 2.0f * acc[r][u] - (x_sum + load(ft_sum + u * W));
+    }
 }
 
 // Calls f(std::true_type{}) when l1 is nonzero (L1 distance scores), else f(std::false_type{}) (dot products).
