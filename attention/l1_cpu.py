@@ -72,8 +72,9 @@ def local_headers(source: Path) -> list[Path]:
 
 
 def build(compiler: str | None = None, source: Path = SOURCE) -> Path:
-    """Compile ``source`` (``l1_cpu.cpp``; also ``seqconv_cpu.cpp`` and the ``landmarks_*cpu.cpp``) once per
-    source, the headers it includes (:func:`local_headers`), flags and compiler, and return the library's path."""
+    """Compile ``source`` (``l1_cpu.cpp``; also ``seqconv_cpu.cpp``, ``pinv_cpu.cpp`` and the ``landmarks_*cpu.cpp``)
+    once per source, the headers it includes (:func:`local_headers`), flags and compiler, and return the library's
+    path."""
     compiler = compiler or os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise RuntimeError(
