@@ -15,7 +15,7 @@
 #include <vector>
 
 #if defined(__AVX512F__)
-#include <immintrin.h>  // VFIXUPIMMPS (add_times_sign)
+#include <immintrin.h>  // VFIXUPIMMPS (add_times_sign), VSCALEFPS (vexp)
 #endif
 
 #ifndef LRA_VECTOR_BYTES
@@ -42,14 +42,14 @@ inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
 inline vec splat(float x) { return x - vec{}; }
 
 // exp(x) for x <= 0 (arguments are s_j - max): Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2 / 2;
-// below -87.3 (e^-87.3 ~ 1.2e-38, and -inf from masked keys) the result is exactly 0.
+// below -87.3 (e^-87.3 ~ 1.2e-38, and -inf from masked keys) the result is exactly 0. AVX-512 scales p by 2^n
+// with one VSCALEFPS under a compare's mask (zero below -87.3), four vector operations fewer than building 2^n
+// from n's bits, multiplying and masking.
 inline vec vexp(vec x) {
-  const vec lo = splat(-87.3f);
-  ivec keep = x >= lo;
-  x = x < lo ? lo : x;
+  const vec lo = splat(-87.3f), clamped = x < lo ? lo : x;
   const vec shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to the nearest integer
-  vec n = (x * 1.44269504088896341f + shifter) - shifter;
-  vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vec n = (clamped * 1.44269504088896341f + shifter) - shifter;
+  vec r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
   vec p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
@@ -57,9 +57,12 @@ inline vec vexp(vec x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
+#if defined(__AVX512F__) && LRA_VECTOR_BYTES == 64
+  return (vec)_mm512_maskz_scalef_ps(_mm512_cmp_ps_mask((__m512)x, (__m512)lo, _CMP_GE_OQ), (__m512)p, (__m512)n);
+#else
   ivec exponent = (__builtin_convertvector(n, ivec) + 127) << 23;
-  vec result = p * (vec)exponent;
-  return (vec)((ivec)result & keep);
+  return (vec)((ivec)(p * (vec)exponent) & (x >= lo));
+#endif
 }
 
 // All lanes of the result hold the maximum (sum) of v's lanes: log2(W) butterfly steps, each a permutation
