@@ -38,9 +38,10 @@ def takes(a: torch.Tensor) -> bool:
     """Whether the kernel runs the steps on ``a`` ``(P, m, m)`` (and a start of its dtype and device): float32 CPU
     tensors outside compile and dispatch modes, ``m / vector width`` a power of two and ``m ≤ 128``, the library
     built."""
+    if not kernel_takes(a):  # first: nothing else is traced under torch.compile
+        return False
     m, width = a.shape[-1], vector_floats()
-    return (kernel_takes(a) and m % width == 0 and m <= MAX_KEYS and (m // width).bit_count() == 1
-            and library() is not None)
+    return m % width == 0 and m <= MAX_KEYS and (m // width).bit_count() == 1 and library() is not None
 
 
 def iterate(a: torch.Tensor, z: torch.Tensor, n_iter: int, keep: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
