@@ -118,6 +118,7 @@ template <bool L1> inline vec term(vec x, vec f) {
   return x * f;
 }
 
+// sum_e x[e] of one row (d a multiple of W).
 inline float row_sum(const float* x, int64_t d) {
   vec sum = {};
   for (int64_t e = 0; e < d; e += W) sum += load(x + e);

@@ -46,7 +46,7 @@ template <int MV> void transpose(const float* x, float* out) {
 
 // The forward steps of one problem: Z_0 = z0, the last Z into out. With saved (n_iter x 5 matrices), each step's
 // (Z, AZ, W, inner, S) is kept there for the backward, and each step writes its Z S into the next step's slot;
-// otherwise scratch (7 matrices) holds one step and two alternating Z.
+// otherwise scratch (7 matrices) holds a step's slot (its Z position unused) and two alternating Z.
 template <int MV> void iterate(const float* a, const float* z0, float* out, float* saved, int n_iter, float* scratch) {
   constexpr int64_t m = MV * W, mm = m * m;
   float* alternate[2] = {scratch + 5 * mm, scratch + 6 * mm};
