@@ -25,38 +25,47 @@ struct Problem {
   int64_t q_row, v_row, y_row;
 };
 
-// R query rows of one problem against its mp = MV * W keys (m of them real), d / W vectors of output each.
-template <int R, int MV, bool L1>
-void rows(const Problem& p, int64_t m, int64_t d, float scale) {
-  constexpr int mp = MV * W;
-  vec logits[R][MV];
-  row_products<R, MV, L1>(p.q, p.q_row, p.kt, d, logits, p.kt_sum);
-  alignas(64) float weights[R][mp];
-  // Softmax, one step at a time for all R rows so that their dependency chains interleave.
-  vec top[R], total[R];
-  for (int r = 0; r < R; ++r) {
+// Softmax weights of RL query rows (from row r0 of a tile) over the problem's mp = MV * W keys into weights (mp
+// floats a row), and those rows' maxima and sums.
+template <int RL, int MV, bool L1>
+void softmax_rows(const Problem& p, int r0, int64_t d, float scale, float (*weights)[MV * W]) {
+  vec logits[RL][MV];
+  row_products<RL, MV, L1>(p.q + r0 * p.q_row, p.q_row, p.kt, d, logits, p.kt_sum);
+  // One step at a time for all RL rows so that their dependency chains interleave.
+  vec top[RL], total[RL];
+  for (int r = 0; r < RL; ++r) {
     top[r] = splat(-INFINITY);
     for (int u = 0; u < MV; ++u) {
       logits[r][u] = logits[r][u] * scale + load(p.bias + u * W);
       top[r] = vmax(top[r], logits[r][u]);
     }
   }
-  for (int r = 0; r < R; ++r) top[r] = hmax(top[r]);
-  for (int r = 0; r < R; ++r) top[r] = top[r] == -INFINITY ? vec{} : top[r];  // no real key: all weights 0
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < RL; ++r) top[r] = hmax(top[r]);
+  for (int r = 0; r < RL; ++r) top[r] = top[r] == -INFINITY ? vec{} : top[r];  // no real key: all weights 0
+  for (int r = 0; r < RL; ++r) {
     total[r] = vec{};
     for (int u = 0; u < MV; ++u) {
       logits[r][u] = vexp(logits[r][u] - top[r]);
       total[r] += logits[r][u];
     }
   }
-  for (int r = 0; r < R; ++r) total[r] = hsum(total[r]);
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < RL; ++r) total[r] = hsum(total[r]);
+  for (int r = 0; r < RL; ++r) {
     const vec inverse = total[r] == vec{} ? vec{} : 1.0f / total[r];
-    for (int u = 0; u < MV; ++u) store(&weights[r][u * W], logits[r][u] * inverse);
-    p.row_max[r] = top[r][0];
-    p.row_sum[r] = total[r][0] == 0.0f ? 1.0f : total[r][0];
+    for (int u = 0; u < MV; ++u) store(&weights[r0 + r][u * W], logits[r][u] * inverse);
+    p.row_max[r0 + r] = top[r][0];
+    p.row_sum[r0 + r] = total[r][0] == 0.0f ? 1.0f : total[r][0];
   }
+}
+
+// R query rows of one problem against its mp = MV * W keys (m of them real), d / W vectors of output each: their
+// weights RL rows at a time (RL x MV logit vectors in registers), then their outputs together.
+template <int R, int MV, bool L1>
+void rows(const Problem& p, int64_t m, int64_t d, float scale) {
+  constexpr int mp = MV * W, RL = std::min(R, std::max(1, kAccumulators / MV));
+  static_assert(R % RL == 0, "a tile's rows are whole logit tiles");
+  alignas(64) float weights[R][mp];
+  for (int r0 = 0; r0 < R; r0 += RL) softmax_rows<RL, MV, L1>(p, r0, d, scale, weights);
   // Output columns two vectors at a time; even and odd keys go to separate accumulators (R x 2 x 2 of them),
   // so that even R = 1 or 2 keeps enough independent FMA chains in flight.
   for (int64_t c = 0; c < d; c += 2 * W) {
@@ -92,7 +101,9 @@ constexpr int64_t kAhead = 16;  // rows between the ones computed and the ones p
 
 template <int MV, bool L1>
 void attend(const Problem* problems, int64_t P, int64_t n, int64_t m, int64_t d, float scale, int threads) {
-  constexpr int R = std::max(1, kAccumulators / MV);
+  // Rows per tile: the logit tiles' (kAccumulators / MV), and at least 2, so that with 16 registers (m = 64 at 8
+  // floats a vector: one row's logits fill half of them) two rows still share each loaded vector of V.
+  constexpr int R = std::max(2, kAccumulators / MV);
   const int64_t blocks = (n + R - 1) / R;
   parallel(P * blocks, threads, [=](int64_t lo, int64_t hi) {
     for (int64_t task = lo; task < hi;) {  // one problem's blocks at a time: no division per block
