@@ -29,7 +29,8 @@ test: setup
 # so a tolerance that holds on one CPU only fails here too. .ci/run runs it with ISA=default after `make test`.
 NUMERICS_TESTS := tests/test_scores.py tests/test_attention_keys.py tests/test_pinv.py tests/test_ema.py \
 	tests/test_delta_rule.py tests/test_selection.py tests/test_proxyformer.py tests/test_cur.py \
-	tests/test_nystrom.py tests/test_l1.py tests/test_liza.py tests/test_landmarks_cpu.py tests/test_cur_cpu.py
+	tests/test_nystrom.py tests/test_l1.py tests/test_liza.py tests/test_landmarks_cpu.py tests/test_cur_cpu.py \
+	tests/test_pinv_cpu.py
 ISA ?= default
 
 test-numerics: setup
