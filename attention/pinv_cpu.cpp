@@ -16,6 +16,8 @@ namespace {
 
 using namespace landmarks;
 
+constexpr int kStep = 5;  // matrices kept per step for the backward: Z, AZ, W, inner, S (pinv_cpu.py's STEP_MATRICES)
+
 // c = alpha * a b + beta * c + diag * I for m x m row-major matrices, m = MV * W; c is neither a nor b, and with
 // beta = 0 c is only written.
 template <int R, int MV>
@@ -49,13 +51,13 @@ template <int MV> void transpose(const float* x, float* out) {
 // otherwise scratch (7 matrices) holds a step's slot (its Z position unused) and two alternating Z.
 template <int MV> void iterate(const float* a, const float* z0, float* out, float* saved, int n_iter, float* scratch) {
   constexpr int64_t m = MV * W, mm = m * m;
-  float* alternate[2] = {scratch + 5 * mm, scratch + 6 * mm};
+  float* alternate[2] = {scratch + kStep * mm, scratch + (kStep + 1) * mm};
   if (saved) std::copy(z0, z0 + mm, saved);
   const float* z = saved ? saved : z0;
   for (int t = 0; t < n_iter; ++t) {
-    float* slot = saved ? saved + t * 5 * mm : scratch;
+    float* slot = saved ? saved + t * kStep * mm : scratch;
     float *az = slot + mm, *w = az + mm, *inner = w + mm, *s = inner + mm;
-    float* next = t + 1 == n_iter ? out : saved ? saved + (t + 1) * 5 * mm : alternate[t % 2];
+    float* next = t + 1 == n_iter ? out : saved ? saved + (t + 1) * kStep * mm : alternate[t % 2];
     product<MV>(a, z, az, 1.0f, 0.0f, 0.0f);
     for (int64_t e = 0; e < mm; ++e) w[e] = -az[e];
     for (int64_t i = 0; i < m; ++i) w[i * m + i] += 7.0f;
@@ -76,7 +78,7 @@ void iterate_backward(const float* a, const float* saved, const float* grad, flo
   transpose<MV>(grad, gt);
   std::fill(dat, dat + mm, 0.0f);
   for (int t = n_iter - 1; t >= 0; --t) {
-    const float* slot = saved + t * 5 * mm;
+    const float* slot = saved + t * kStep * mm;
     const float *z = slot, *az = z + mm, *w = az + mm, *inner = w + mm, *s = inner + mm;
     product<MV>(gt, z, gs, 1.0f, 0.0f, 0.0f);       // dS^T = G^T Z
     product<MV>(s, gt, gz, 1.0f, 0.0f, 0.0f);       // dZ^T = S G^T
@@ -92,6 +94,18 @@ void iterate_backward(const float* a, const float* saved, const float* grad, flo
   transpose<MV>(gt, grad_z0);
 }
 
+// Runs f(mv, p, scratch) for every problem p, in parallel, with mv = m / W as a compile-time constant and a scratch
+// of `matrices` m x m matrices per thread; false (nothing run) when m is not one of W, 2W, 4W, ... up to kMaxKeys
+// or n_iter < 1.
+template <typename F> bool each_problem(int64_t problems, int64_t m, int n_iter, int matrices, int threads, F f) {
+  if (m % W || m > kMaxKeys || n_iter < 1 || !with_vectors(m / W, [](auto) {})) return false;
+  parallel(problems, threads, [=](int64_t lo, int64_t hi) {
+    std::vector<float> scratch(matrices * m * m);
+    for (int64_t p = lo; p < hi; ++p) with_vectors(m / W, [&](auto mv) { f(mv, p, scratch.data()); });
+  });
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -102,33 +116,21 @@ int pinv_vector_bytes() { return kBytes; }
 // 2W, 4W, ... up to kMaxKeys or n_iter < 1.
 int pinv_iterate_f32(const float* a, const float* z0, float* out, float* saved, int64_t problems, int64_t m,
                      int n_iter, int threads) {
-  if (m % W || m > kMaxKeys || n_iter < 1 || !with_vectors(m / W, [](auto) {})) return -1;
   const int64_t mm = m * m;
-  parallel(problems, threads, [=](int64_t lo, int64_t hi) {
-    std::vector<float> scratch(7 * mm);
-    for (int64_t p = lo; p < hi; ++p)
-      with_vectors(m / W, [&](auto mv) {
-        iterate<mv()>(a + p * mm, z0 + p * mm, out + p * mm, saved ? saved + p * n_iter * 5 * mm : nullptr, n_iter,
-                      scratch.data());
-      });
-  });
-  return 0;
+  return each_problem(problems, m, n_iter, kStep + 2, threads, [=](auto mv, int64_t p, float* scratch) {
+    iterate<mv()>(a + p * mm, z0 + p * mm, out + p * mm, saved ? saved + p * n_iter * kStep * mm : nullptr, n_iter,
+                  scratch);
+  }) ? 0 : -1;
 }
 
 // The backward of pinv_iterate_f32 from grad (problems x m x m, dL/d out): grad_a and grad_z0 (problems x m x m),
 // from a and the saved steps of the forward. Returns 0, or -1 (nothing written) as pinv_iterate_f32.
 int pinv_iterate_backward_f32(const float* a, const float* saved, const float* grad, float* grad_a, float* grad_z0,
                               int64_t problems, int64_t m, int n_iter, int threads) {
-  if (m % W || m > kMaxKeys || n_iter < 1 || !with_vectors(m / W, [](auto) {})) return -1;
   const int64_t mm = m * m;
-  parallel(problems, threads, [=](int64_t lo, int64_t hi) {
-    std::vector<float> scratch(6 * mm);
-    for (int64_t p = lo; p < hi; ++p)
-      with_vectors(m / W, [&](auto mv) {
-        iterate_backward<mv()>(a + p * mm, saved + p * n_iter * 5 * mm, grad + p * mm, grad_a + p * mm,
-                               grad_z0 + p * mm, n_iter, scratch.data());
-      });
-  });
-  return 0;
+  return each_problem(problems, m, n_iter, 6, threads, [=](auto mv, int64_t p, float* scratch) {
+    iterate_backward<mv()>(a + p * mm, saved + p * n_iter * kStep * mm, grad + p * mm, grad_a + p * mm,
+                           grad_z0 + p * mm, n_iter, scratch);
+  }) ? 0 : -1;
 }
 }
