@@ -148,3 +148,10 @@ class MegaAttention(nn.Module):
                 "the relative-bias table; set attention.max_positions >= task.max_length"
             )
         return self.approximation(q, k, v, key_mask, self.score)
+
+    def attention_matrix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """The effective attention ``(B, 1, n, n)`` that ``forward(q, k, v, key_mask)`` applies to ``v`` (unused): the
+        forward with ``V = I``, so MegaCUR's ``C U⁺ R``, not the matrix it approximates. For diagnostics."""
+        batch, heads, n, _ = q.shape
+        identity = torch.eye(n, dtype=q.dtype, device=q.device).expand(batch, heads, n, n).contiguous()
+        return self(q, k, identity, key_mask)

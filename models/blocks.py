@@ -51,8 +51,8 @@ class MultiHeadAttention(nn.Module):
         return torch.eye(n, dtype=q.dtype, device=q.device).expand(batch, heads, n, n).contiguous()
 
     def attention_matrix(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """The effective attention ``(B, H, n, n)`` this layer applies to the values of ``x`` ``(B, n, d_model)``:
-        ``attend`` with ``V = I`` (so CUR's ``C U⁺ R``, not a softmax it approximates). For diagnostics."""
+        """The effective attention ``(B, H, n, n)`` that ``forward(x, key_mask)`` applies to the values of ``x``
+        ``(B, n, d_model)``: ``attend`` with ``V = I`` (so CUR's ``C U⁺ R``, not a softmax it approximates). For diagnostics."""
         q, k = (self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj))
         return self.attend(q, k, self.identity_values(q), key_mask)
 

@@ -1,4 +1,5 @@
-"""`lra.analysis.diagnostics`: root_attention against a dense softmax reference; cue_agreement counted by hand."""
+"""`lra.analysis.diagnostics`: root_attention against dense references (softmax, K₁ K₂, MEGA's biased softmax);
+cue_agreement counted by hand."""
 
 from __future__ import annotations
 
@@ -88,6 +89,49 @@ def test_proxyformer_layer0_weight_on_root_matches_dense_k1_k2(batch):
     assert len(ratios) == len(model.blocks)
     assert abs(expected - 1) > 0.05
     assert ratios[0] == pytest.approx(expected, rel=1e-4)
+
+
+def dense_mega_root_ratio(model, input_ids: torch.Tensor, key_mask: torch.Tensor) -> float:
+    """Layer 0 of a MEGA model by hand: softmax(q kᵀ / √z + b[j − i]) over real keys from the q, k its
+    attention core receives, column 0, mean over real queries, × n_real."""
+    core = model.blocks[0].attend
+    received = []
+    hook = core.register_forward_hook(lambda module, args, _: received.append(args))
+    model.token_states(input_ids, key_mask, {})
+    hook.remove()
+    q, k = received[0][:2]  # (B, 1, n, z_dim)
+    n = q.shape[-2]
+    positions = torch.arange(n)
+    bias = core.score.bias[positions[None, :] - positions[:, None] + core.score.max_positions - 1]  # (n, n)
+    logits = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias).masked_fill(~key_mask[:, None, None, :], -math.inf)
+    on_root = torch.softmax(logits, -1)[..., 0]  # (B, 1, n)
+    n_real = key_mask.sum(1)
+    return torch.stack([on_root[b, :, : n_real[b]].mean(-1) * n_real[b] for b in range(len(q))]).mean().item()
+
+
+@pytest.mark.parametrize("variant", [["attention=mega"], ["attention=megacur", "attention.num_landmarks=64"]])
+def test_mega_layer0_weight_on_root_matches_dense_mega_softmax(batch, variant):
+    """MEGA's gated attention is probed at its single-head core: exact MEGA, and MegaCUR selecting every real
+    token (then exact), report the dense softmax-with-relative-bias weight on key 0."""
+    input_ids, key_mask = batch
+    torch.manual_seed(3)
+    model = build_model(compose_config(["task=listops", "model.dropout=0", *variant])).eval()
+    with torch.no_grad():
+        model.blocks[0].mx_proj.weight.mul_(100)  # sharpen attention so the weights are far from uniform
+        model.blocks[0].qk_gamma.mul_(50)
+        expected = dense_mega_root_ratio(model, input_ids, key_mask)
+        ratios = probe.root_weights(model, input_ids, key_mask)
+    assert len(ratios) == len(model.blocks)
+    assert abs(expected - 1) > 0.05
+    assert ratios[0] == pytest.approx(expected, rel=1e-4)
+
+
+def test_chunked_mega_is_refused(batch):
+    """A chunked MEGA attention sees chunks, whose key 0 is not the root operator: the probe says so."""
+    model = build_model(compose_config(["task=listops", "model.dropout=0", "attention=mega",
+                                        "model.block.chunk_size=16"])).eval()
+    with pytest.raises(ValueError, match="chunk_size=null"):
+        probe.root_weights(model, *batch)
 
 
 def test_cue_agreement_counts_by_hand():

@@ -9,9 +9,11 @@ tokens. For each variant (a string of Hydra overrides) the script builds the mod
 weights if given (softmax and CUR have no parameters of their own, so one checkpoint loads under
 either; variants with parameters such as Proxyformer need a checkpoint of their own), runs the
 first ``--batch`` validation sequences and materialises each layer's *effective* attention matrix (the
-attention applied to ``V = I``: CUR's ``C U⁺ R``, Proxyformer's ``K₁ K₂``, exact softmax). It prints the mean weight a
-real query puts on key 0, times the sequence's real length: 1 means uniform attention, ``n`` means every
-query looks only at the root operator. Deterministic for a given checkpoint and batch.
+attention applied to ``V = I``: CUR's ``C U⁺ R``, Proxyformer's ``K₁ K₂``, exact softmax; for MEGA and
+MegaCUR, ``--variants attention=megacur`` with a MEGA-block checkpoint, the single-head core of the gated
+attention). It prints the mean weight a real query puts on key 0, times the sequence's real length: 1 means
+uniform attention, ``n`` means every query looks only at the root operator. Deterministic for a given
+checkpoint and batch.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.module import build_model
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
 from lra.tasks.listops import read_tsv
+from attention.mega import MegaAttention
 from models.blocks import MultiHeadAttention
 
 DEFAULT_VARIANTS = ["attention=softmax", "attention=curformer", "attention=curformer attention.force_cls=true",
@@ -40,18 +43,27 @@ def padded_batch(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor
     return batch["input_ids"], batch["mask"]
 
 
+def effective_attention(layer, args: tuple) -> torch.Tensor:
+    """The attention matrix ``(B, H, n, n)`` a probed layer applied in the call that received ``args``."""
+    if isinstance(layer, MegaAttention):  # called as attend(q, k, v, key_mask) by the MEGA block, one head
+        return layer.attention_matrix(*args)
+    return layer.attention_matrix(*args[:2])  # (x, key_mask, ...) of a multi-head attention layer
+
+
 @torch.no_grad()
 def root_weights(model, input_ids: torch.Tensor, key_mask: torch.Tensor) -> list[float]:
     """Per attention layer: mean over sequences and heads of (mean weight of a real query on key 0) × n_real.
 
-    Runs the model once and captures what each :class:`models.blocks.MultiHeadAttention` (or subclass, such as
-    Proxyformer's, whose layers also see the proxy rows) receives, then asks it for its ``attention_matrix``."""
+    Runs the model once and captures what each attention layer receives: a
+    :class:`models.blocks.MultiHeadAttention` (or subclass, such as Proxyformer's, whose layers also see the
+    proxy rows), or the single-head core :class:`attention.mega.MegaAttention` of MEGA's gated attention (EMA
+    and gates around it are not attention and are not probed); then asks it for its ``attention_matrix``."""
     layer_inputs = []
-    layers = [module for module in model.modules() if isinstance(module, MultiHeadAttention)]
+    layers = [module for module in model.modules() if isinstance(module, (MultiHeadAttention, MegaAttention))]
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no models.blocks.MultiHeadAttention layer to probe "
-                         "(MEGA's gated attention is not one)")
-    hooks = [layer.register_forward_hook(lambda layer, args, _: layer_inputs.append((layer, args[:2]))) for layer in layers]
+        raise ValueError(f"{type(model).__name__} has no attention layer to probe "
+                         "(models.blocks.MultiHeadAttention or attention.mega.MegaAttention)")
+    hooks = [layer.register_forward_hook(lambda layer, args, _: layer_inputs.append((layer, args))) for layer in layers]
     try:
         model.token_states(input_ids, key_mask, {})
     finally:
@@ -60,8 +72,11 @@ def root_weights(model, input_ids: torch.Tensor, key_mask: torch.Tensor) -> list
     n_real = key_mask.sum(1, keepdim=True).float()  # (B, 1)
     real = key_mask[:, None, :]  # (B, 1, n)
     ratios = []
-    for layer, (x, layer_mask) in layer_inputs:
-        on_root = layer.attention_matrix(x, layer_mask)[..., 0]  # (B, H, n): weight of each query on key 0
+    for layer, args in layer_inputs:
+        if args[0].shape[0] != input_ids.shape[0]:
+            raise ValueError("root_attention probes whole sequences: a chunked MEGA attention sees chunks "
+                             "(override model.block.chunk_size=null)")
+        on_root = effective_attention(layer, args)[..., 0]  # (B, H, n): weight of each query on key 0
         mean_on_root = (on_root * real).sum(-1) / real.sum(-1)  # (B, H)
         ratios.append((mean_on_root * n_real).mean().item())
     return ratios
