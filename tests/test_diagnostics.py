@@ -172,3 +172,26 @@ def test_cue_agreement_rebuilds_the_checkpoints_model(tiny_listops, tmp_path, mo
     assert "[lra] model from the checkpoint" in out and "[lra] attention from the checkpoint: nystromformer" in out
     assert "not in the checkpoint" not in caplog.text  # no parameter (a learned position table) left at its init
     assert "skipped" not in caplog.text  # no checkpoint parameter (Nyström's conv) left out of the model
+
+
+def test_pooled_prefix_matches_a_hand_pooled_mean(tiny_listops):
+    """Pooled features without the first K tokens equal the mean of the real states K.. by hand (padding present);
+    ``K = 0`` predictions are the model's own; a prefix as long as a sequence is refused."""
+    from lra.analysis.diagnostics.pooled_prefix import pooled_without_prefix, predictions_without_prefix
+
+    sequences, _ = read_tsv(tiny_listops / "basic_val.tsv")
+    sequences = sequences[:6]
+    input_ids, key_mask = probe.padded_batch(sequences)
+    torch.manual_seed(3)
+    model = build_model(compose_config(["task=listops", "model.dropout=0", "attention=megacur"])).eval()
+    with torch.no_grad():
+        states = model.token_states(input_ids, key_mask, {})
+        for k in (1, 3):
+            pooled = pooled_without_prefix(model, states, key_mask, k)
+            for b, sequence in enumerate(sequences):
+                assert torch.allclose(pooled[b], states[b, k : len(sequence)].mean(0), atol=1e-6)
+        logits, _ = model(input_ids, key_mask)
+    labels = predictions_without_prefix(model, sequences, [1, 3], batch=4)
+    assert torch.equal(labels[0], logits.argmax(-1))
+    with pytest.raises(ValueError, match="drop fewer than"):
+        predictions_without_prefix(model, sequences, [min(map(len, sequences))], batch=4)
