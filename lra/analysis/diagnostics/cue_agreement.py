@@ -63,22 +63,34 @@ def labels_per_operator(model_labels: torch.Tensor, operators: list[str]) -> dic
     return table
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="a ListOps folder with basic_train.tsv and basic_<split>.tsv")
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ckpt`` and ``--overrides``, read by :func:`trained_model` (shared by the ListOps probes)."""
     parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt)")
-    parser.add_argument("--split", default="test", choices=["val", "test"])
-    parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--overrides", nargs="*", default=[],
                         help="Hydra overrides of the model; the attention and model groups the checkpoint stores "
                              "come from it unless named here (checkpoints without them need e.g. attention=curformer)")
+
+
+def trained_model(ckpt: str, overrides: list[str]):
+    """The ListOps model ``ckpt`` was trained as (its stored settings, ``overrides`` winning), its weights loaded,
+    in eval mode."""
+    config = with_checkpoint_settings(compose_config(["task=listops", *overrides]), overrides, ckpt)
+    model = build_model(config).eval()
+    load_transferred_weights(model, ckpt)
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="a ListOps folder with basic_train.tsv and basic_<split>.tsv")
+    parser.add_argument("--split", default="test", choices=["val", "test"])
+    parser.add_argument("--batch", type=int, default=32)
+    add_model_arguments(parser)
     args = parser.parse_args()
     data = Path(args.data)
     cue = fit(read_examples(data / "basic_train.tsv"))
     examples = read_examples(data / f"basic_{args.split}.tsv")
-    config = with_checkpoint_settings(compose_config(["task=listops", *args.overrides]), args.overrides, args.ckpt)
-    model = build_model(config).eval()
-    load_transferred_weights(model, args.ckpt)
+    model = trained_model(args.ckpt, args.overrides)
     model_labels = predict(model, [tokenize(source) for source, _ in examples], args.batch)
     cue_labels = torch.tensor([cue.predict(source) for source, _ in examples])
     targets = torch.tensor([label for _, label in examples])

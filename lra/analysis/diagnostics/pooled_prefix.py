@@ -11,7 +11,7 @@ key mask with those positions off), applies the head, and prints the accuracy on
 of ``basic_<split>.tsv`` and the share of predictions that stay those of the whole sequence. A model that
 reads the cue from the first tokens changes most predictions once they are left out; one that spreads
 the root operator over every token (the escaped CUR runs broadcast key 0 by attention) changes few.
-The model comes from ``--ckpt`` as in :mod:`lra.analysis.diagnostics.cue_agreement`.
+The model comes from ``--ckpt`` (and ``--overrides``) as in :mod:`lra.analysis.diagnostics.cue_agreement`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from pathlib import Path
 
 import torch
 
+from lra.analysis.diagnostics.cue_agreement import add_model_arguments, trained_model
 from lra.analysis.diagnostics.root_attention import padded_batch
 from lra.analysis.listops_cue import read_examples
-from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
-from lra.config import compose_config
-from lra.module import build_model
 from lra.tasks.listops import tokenize
 
 
@@ -59,21 +57,17 @@ def predictions_without_prefix(model, sequences: list[list[int]], drops: list[in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="a ListOps folder with basic_<split>.tsv")
-    parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt)")
     parser.add_argument("--split", default="val", choices=["val", "test"])
     parser.add_argument("--examples", type=int, default=1000, help="the first N examples of the split")
     parser.add_argument("--drop", type=int, nargs="+", default=[1, 4, 16, 64, 256], help="prefix lengths K to leave out")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--overrides", nargs="*", default=[],
-                        help="Hydra overrides of the model (as for cue_agreement)")
+    add_model_arguments(parser)
     args = parser.parse_args()
     if min(args.drop) < 1:
         parser.error(f"--drop takes prefix lengths >= 1, got {min(args.drop)}")
     path = Path(args.data) / f"basic_{args.split}.tsv"
     examples = read_examples(path)[: args.examples]
-    config = with_checkpoint_settings(compose_config(["task=listops", *args.overrides]), args.overrides, args.ckpt)
-    model = build_model(config).eval()
-    load_transferred_weights(model, args.ckpt)
+    model = trained_model(args.ckpt, args.overrides)
     labels = predictions_without_prefix(model, [tokenize(source) for source, _ in examples], args.drop, args.batch)
     targets = torch.tensor([label for _, label in examples])
     whole = labels[0]
