@@ -41,6 +41,8 @@ from attention.precision import autocast_off
 class BidirectionalEMA(nn.Module):
     """``forward(x (B, L, D), key_mask (B, L)) -> (B, L, D)``; parameters ``(2, D, ndim)`` (direction first)."""
 
+    lag_block = 64  # s of :meth:`kernel`'s lags l = s·b + j (√2000 ≈ 45 would minimise its exps at L = 2000)
+
     def __init__(self, d_model: int, ndim: int = 16, truncation: int | None = None, shift: bool = False):
         super().__init__()
         if ndim < 1:
@@ -62,21 +64,20 @@ class BidirectionalEMA(nn.Module):
     def kernel(self, length: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``k[direction, d, l]`` for lags ``l < length``: ``(2, D, length)``.
 
-        With lags written ``l = s·b + j`` (``s = ⌈√length⌉``, ``j < s``), ``q^l = q^{s·b} · q^j``, so
+        With lags written ``l = s·b + j`` (``s`` = :attr:`lag_block`, ``j < s``), ``q^l = q^{s·b} · q^j``, so
         ``k[·, b·s + j] = Σₙ (w ⊙ q^{s·b})[n, b] · (q^j)[n, j]``: one batched ``(blocks × ndim) @ (ndim × s)``
-        product over two exp tables of ``~√length`` columns, instead of ``2·D·ndim·length`` exps (each table
-        entry is rounded as ``exp(l·log q)`` is, plus one product). The powers tensor of that size also held
-        ~3 % subnormal values (``q^l`` under 1.2e-38 at long lags), and on x86 an ``exp`` or a product with a
-        subnormal result takes a microcode-assisted path ~100× slower per element.
+        product over two exp tables of ``⌈length / s⌉`` and ``s`` columns, instead of ``2·D·ndim·length`` exps
+        (each table entry is rounded as ``exp(l·log q)`` is, plus one product). The powers tensor of that size
+        also held ~3 % subnormal values (``q^l`` under 1.2e-38 at long lags), and on x86 an ``exp`` or a product
+        with a subnormal result takes a microcode-assisted path ~100× slower per element.
         """
         alpha, delta, beta, eta = (p.to(dtype) for p in (self.alpha, self.delta, self.beta, self.eta))
         p = torch.sigmoid(alpha)
         log_q = torch.log1p(-p * torch.sigmoid(delta)).unsqueeze(-1)  # log of the decay per step, q in (0, 1)
-        step = math.isqrt(length - 1) + 1  # s >= √length
-        blocks = -(-length // step)
-        offsets = torch.arange(step, device=p.device, dtype=dtype)
-        coarse = torch.exp(offsets[:blocks] * step * log_q)  # (2, D, ndim, blocks) = q^{s·b}
-        fine = torch.exp(offsets * log_q)  # (2, D, ndim, s) = q^j
+        step = self.lag_block
+        blocks = (length + step - 1) // step  # also for a symbolic length under torch.compile
+        coarse = torch.exp(torch.arange(blocks, device=p.device, dtype=dtype) * step * log_q)  # (2, D, ndim, blocks)
+        fine = torch.exp(torch.arange(step, device=p.device, dtype=dtype) * log_q)  # (2, D, ndim, s) = q^j
         weights = eta * math.sqrt(1.0 / self.ndim) * p * beta  # (2, D, ndim)
         k = (weights.unsqueeze(-1) * coarse).transpose(-1, -2) @ fine  # (2, D, blocks, s)
         return k.flatten(-2)[..., :length]

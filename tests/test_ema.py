@@ -100,7 +100,7 @@ def direct_sum(ema: BidirectionalEMA, x: torch.Tensor, key_mask: torch.Tensor) -
     return F.silu(y + ema.omega * x)
 
 
-@pytest.mark.parametrize("length", [1, 9, 10])  # lag blocks of s = 1, 3 (3 × 3) and 4 (3 × 4, trimmed to 10)
+@pytest.mark.parametrize("length", [1, 64, 150])  # one block of s = 64 lags trimmed to 1, one whole, 3 trimmed to 150
 def test_kernel_is_explicit_sum(ema, length):
     expected = torch.zeros(2, 5, length, dtype=torch.float64)
     for e in range(2):
@@ -149,3 +149,14 @@ def test_padding_invariance(ema):
 def test_rejects_zero_ndim():
     with pytest.raises(ValueError, match="ndim"):
         BidirectionalEMA(4, ndim=0)
+
+
+def test_compiles_whole_for_a_dynamic_length():
+    """Under torch.compile a batch's length is symbolic: the EMA (kernel, convolution, gate) stays one graph."""
+    module = BidirectionalEMA(d_model=8, ndim=4)
+    x, key_mask = torch.randn(2, 40, 8), torch.ones(2, 40, dtype=torch.bool)
+    torch._dynamo.mark_dynamic(x, 1)
+    torch._dynamo.mark_dynamic(key_mask, 1)
+    explanation = torch._dynamo.explain(module)(x, key_mask)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
