@@ -41,6 +41,7 @@ The block is single-head: ``model.num_heads`` must be 1. Initialisation follows 
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import torch
@@ -172,6 +173,14 @@ class MegaBlock(nn.Module):
         out = self.attend(q, k, v, key_mask.reshape(batch * chunks, c))
         return out.reshape(batch, chunks * c, -1)[:, :n]
 
+    def mx_parts(self, mx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``mx W_mx + b`` split as ``(u, z, r, hx)`` (widths ``d_model, z_dim, hidden_dim, d_model``), one product per
+        part with its rows of ``mx_proj``: the backward then adds four ``(B·n, d_model)`` input gradients instead of
+        concatenating a ``(B·n, 2·d_model + z_dim + hidden_dim)`` one (1.7× faster for this step, docs/bench.md)."""
+        cuts = list(itertools.accumulate([0, self.d_model, self.z_dim, self.hidden_dim, self.d_model]))
+        weight, bias = self.mx_proj.weight, self.mx_proj.bias
+        return tuple(F.linear(mx, weight[a:b], bias[a:b]) for a, b in zip(cuts, cuts[1:]))
+
     def gated_attention(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The moving-average gated attention sub-layer (with its residual and norm)."""
         residual = x
@@ -179,10 +188,9 @@ class MegaBlock(nn.Module):
             x = apply_norm(self.norm, x, key_mask)
         v = self.hidden_dropout(F.silu(self.v_proj(x)))
         mx = self.dropout(self.ema(x, key_mask))
-        u, zr, hx = torch.split(self.mx_proj(mx), [self.d_model, self.z_dim + self.hidden_dim, self.d_model], dim=-1)
-        u = torch.sigmoid(u)
-        z, r = torch.split(F.silu(zr), [self.z_dim, self.hidden_dim], dim=-1)
-        q, k = (z.unsqueeze(-2) * self.qk_gamma + self.qk_beta).unbind(-2)  # (B, n, z_dim) each
+        u, z, r, hx = self.mx_parts(mx)
+        u, z, r = torch.sigmoid(u), F.silu(z), F.silu(r)
+        q, k = (z * gamma + beta for gamma, beta in zip(self.qk_gamma, self.qk_beta))  # (B, n, z_dim) each
         attended = self.chunked_attention(q, k, v, key_mask)
         h = self.dropout(F.silu(hx + self.h_proj(attended * r)))
         y = residual + u * (h - residual)
