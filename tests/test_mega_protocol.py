@@ -1,5 +1,5 @@
 """MEGA's own LRA protocol (facebookresearch/mega examples/mega/README.lra.md, fairseq/models/lra/model.py):
-the block's norm type and placement, dropouts and EMA options against references written here, the
+the block's equations, norm type and placement, dropouts and EMA options against references written here, the
 configs that compose it (model=mega_lra, experiment=mega_lra | mega_transfer | cur_table1), MegaCUR =
 MEGA when every token is selected, and lra.analysis.comparability against lra/analysis/published.yaml."""
 
@@ -270,3 +270,45 @@ def test_transfer_row_needs_a_transferred_checkpoint():
     assert comparability(evaluated, row) is None
     assert comparability(resolved(["experiment=mega_transfer"]), published_row("mega_transfer", "mega")) is None
     assert math.isclose(published_row("mega_transfer", "mega")["acc"][0], 63.60)
+
+
+def reference_block(block: MegaBlock, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """MEGA's block written out from its equations (Ma et al. 2022 §3; facebookresearch/mega
+    ``MovingAverageGatedAttention``: one ``mx_proj`` split as u, z‖r, hx; ``z.unsqueeze(2) * gamma + beta``
+    unbound as q, k), with LayerNorm, in eval mode; the EMA and the attention core are the block's own (each
+    tested against its own reference)."""
+    d, zd, hd = block.d_model, block.z_dim, block.hidden_dim
+
+    def layer_norm(norm, t):
+        return F.layer_norm(t, (d,), norm.weight, norm.bias, 1e-5)
+
+    def linear(module, t):
+        return t @ module.weight.T + module.bias
+
+    X = layer_norm(block.norm, x) if block.prenorm else x
+    V = F.silu(linear(block.v_proj, X))
+    base = linear(block.mx_proj, block.ema(X, key_mask))
+    u, zr, hx = base[..., :d], base[..., d : d + zd + hd], base[..., d + zd + hd :]
+    u, zr = torch.sigmoid(u), F.silu(zr)
+    z, r = zr[..., :zd], zr[..., zd:]
+    q, k = torch.unbind(z.unsqueeze(2) * block.qk_gamma + block.qk_beta, dim=2)
+    attended = block.attend(q[:, None], k[:, None], V[:, None], key_mask)[:, 0]
+    h = F.silu(hx + linear(block.h_proj, attended * r))
+    y = x + u * (h - x)
+    if not block.prenorm:
+        y = layer_norm(block.norm, y)
+        return layer_norm(block.ffn_norm, y + linear(block.ffn[3], F.silu(linear(block.ffn[0], y))))
+    return y + linear(block.ffn[3], F.silu(linear(block.ffn[0], layer_norm(block.ffn_norm, y))))
+
+
+@pytest.mark.parametrize("prenorm", [True, False])
+def test_block_equals_its_equations(prenorm):
+    """The block (gates, projections, residuals, norms) equals the equations written out, with padding."""
+    block = mega_block("layer", prenorm=prenorm).eval()
+    with torch.no_grad():
+        for parameter in block.parameters():  # away from the near-zero initialisation, so every gate matters
+            parameter.add_(0.5 * torch.randn_like(parameter))
+        x = torch.randn(2, 9, 8, dtype=torch.float64)
+        key_mask = torch.ones(2, 9, dtype=torch.bool)
+        key_mask[1, 6:] = False
+        torch.testing.assert_close(block(x, key_mask, {}), reference_block(block, x, key_mask), rtol=1e-12, atol=1e-12)
