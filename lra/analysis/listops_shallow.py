@@ -19,14 +19,13 @@ digits, a depth-1 computation, before it evaluates any sub-expression.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable
 
 from lra.analysis.listops_cue import read_examples
-from lra.tasks.listops import INDEPENDENT_TEST, OPERATORS
+from lra.tasks.listops import INDEPENDENT_TEST, OPERATORS, evaluate
 
 
 @dataclass(frozen=True)
@@ -56,11 +55,8 @@ def top_level(source: str) -> TopLevel:
 
 
 def aggregate(top: TopLevel) -> int | None:
-    """The root operator over its top-level digits alone (None without any)."""
-    if not top.digits:
-        return None
-    operation = {"[MIN": min, "[MAX": max, "[MED": lambda d: int(statistics.median(d)), "[SM": lambda d: sum(d) % 10}
-    return operation[top.root](top.digits)
+    """The root operator over its top-level digits alone, as the task evaluates it (None without any)."""
+    return evaluate((top.root, list(top.digits))) if top.digits else None
 
 
 FEATURES: dict[str, Callable[[TopLevel], Hashable]] = {
