@@ -24,7 +24,13 @@ the conjugate spectrum); length 2L makes both linear, not circular. The block ou
 Decisions: pad positions (``key_mask`` False) are zeroed before the convolution so the EMA of a
 real token never sees padding in either direction; the FFT runs in at least float32 (also under
 autocast). Parameter initialisation follows the reference code (α, δ ~ N(0, 0.2²), β ~ 1 ± 0.02
-with alternating sign over ``n``, η, ω ~ N(0, 1)).
+with alternating sign over ``n``, η, ω ~ N(0, 1)). There every dimension starts with ``p ≈ σ(δ) ≈ 0.5``, a
+decay time ``1/(1 − q) = 1/(p·σ(δ)) ≈ 4`` tokens. ``timescales = (τ_min, τ_max)`` (``model.block.ema_timescales``)
+instead draws ``τ`` log-uniform in that range per (direction, channel, dimension) and sets ``p = σ(α) = 1/τ``
+(δ as the reference), so the decay times ``τ/σ(δ) ≈ 2τ`` span short and sequence-long memories from the
+start, as S4D's log-uniform step sizes do (Gu et al. 2022, "On the Parameterization and Initialization of
+Diagonal State Space Models", §4: Δ ~ LogUniform(0.001, 0.1), timescales 10–1000); the steady-state gain
+``p·β/(1 − q) = β/σ(δ)`` stays ≈ 2 whatever ``τ``.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ class BidirectionalEMA(nn.Module):
 
     lag_block = 64  # s of :meth:`kernel`'s lags l = s·b + j (√2000 ≈ 45 would minimise its exps at L = 2000)
 
-    def __init__(self, d_model: int, ndim: int = 16, truncation: int | None = None, shift: bool = False):
+    def __init__(self, d_model: int, ndim: int = 16, truncation: int | None = None, shift: bool = False,
+                 timescales: tuple[float, float] | None = None):
         super().__init__()
         if ndim < 1:
             raise ValueError(f"model.block.ndim (EMA dimension) must be >= 1, got {ndim}")
@@ -53,7 +60,8 @@ class BidirectionalEMA(nn.Module):
         self.ndim = ndim
         self.truncation = truncation
         self.shift = shift
-        self.alpha = nn.Parameter(torch.randn(2, d_model, ndim) * 0.2)
+        self.alpha = nn.Parameter(torch.randn(2, d_model, ndim) * 0.2 if timescales is None
+                                  else -torch.log(log_uniform_timescales((2, d_model, ndim), *timescales) - 1))
         self.delta = nn.Parameter(torch.randn(2, d_model, ndim) * 0.2)
         signs = torch.ones(ndim)
         signs[1::2] = -1.0
@@ -94,6 +102,14 @@ class BidirectionalEMA(nn.Module):
             y = BidirectionalConvolution.apply(signal, k_fwd, k_bwd)  # (B, L, D)
             out = F.silu(torch.addcmul(y, self.omega.to(dtype), signal))
         return out.to(x.dtype)
+
+
+def log_uniform_timescales(shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
+    """``τ`` of the given shape, ``log τ ~ U(log low, log high)``; α = logit(1/τ) = −log(τ − 1) needs ``low > 1``."""
+    if not 1 < low <= high:
+        raise ValueError(f"model.block.ema_timescales must be [low, high] with 1 < low <= high (tokens), "
+                         f"got [{low}, {high}]; null keeps MEGA's initialisation")
+    return torch.exp(torch.empty(shape).uniform_(math.log(low), math.log(high)))
 
 
 class BidirectionalConvolution(torch.autograd.Function):

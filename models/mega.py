@@ -125,6 +125,7 @@ class MegaBlock(nn.Module):
         attention_dropout: float = 0.0,
         ema_truncation: int | None = None,
         ema_shift: bool = False,
+        ema_timescales: tuple[float, float] | None = None,
         attention_function: str | None = None,
     ):
         super().__init__()
@@ -138,7 +139,8 @@ class MegaBlock(nn.Module):
         self.d_model, self.z_dim, self.hidden_dim, self.chunk_size = d_model, z_dim, hidden_dim, chunk_size
         self.prenorm = prenorm
         self.norm = sequence_norm(d_model, norm)
-        self.ema = BidirectionalEMA(d_model, ndim, truncation=ema_truncation, shift=ema_shift)
+        self.ema = BidirectionalEMA(d_model, ndim, truncation=ema_truncation, shift=ema_shift,
+                                    timescales=ema_timescales)
         self.v_proj = nn.Linear(d_model, hidden_dim)
         self.mx_proj = nn.Linear(d_model, 2 * d_model + z_dim + hidden_dim)
         self.h_proj = nn.Linear(hidden_dim, d_model)

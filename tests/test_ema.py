@@ -146,6 +146,29 @@ def test_padding_invariance(ema):
         torch.testing.assert_close(ema(padded, mask[None])[:, :12], ema(x, torch.ones(1, 12, dtype=torch.bool)), atol=1e-10, rtol=0)
 
 
+def test_timescale_init_spans_the_range_and_keeps_the_gain():
+    """``timescales=(low, high)``: p = σ(α) = 1/τ with log τ uniform on [log low, log high], δ left as MEGA's."""
+    torch.manual_seed(0)
+    module = BidirectionalEMA(d_model=32, ndim=16, timescales=(2.0, 1000.0))
+    tau = 1 / torch.sigmoid(module.alpha.detach().double())
+    assert tau.min() >= 2 - 1e-6 and tau.max() <= 1000 + 1e-3
+    log_position = (tau.log() - math.log(2)) / math.log(500)  # 0 .. 1 along the log range, 1024 draws
+    assert abs(log_position.mean().item() - 0.5) < 0.05 and (log_position < 0.1).any() and (log_position > 0.9).any()
+    reference = BidirectionalEMA(d_model=32, ndim=16)
+    assert torch.sigmoid(reference.alpha).min() > 0.3  # MEGA's own init: every decay time under ~7 tokens
+    # The steady-state gain p·β/(1 − q) = β/σ(δ) does not grow with τ: the kernel sums to ≈ the same total.
+    with torch.no_grad():
+        module.beta.fill_(1.0), module.eta.fill_(1.0), module.delta.zero_()
+    gain = module.kernel(100_000).double().sum(-1) * math.sqrt(16) / 16  # (2, D): mean over n of β/σ(δ) = 2
+    torch.testing.assert_close(gain, torch.full_like(gain, 2.0), rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("timescales", [(1.0, 10.0), (20.0, 10.0)])
+def test_rejects_a_timescale_range_outside_one_to_infinity(timescales):
+    with pytest.raises(ValueError, match="model.block.ema_timescales"):
+        BidirectionalEMA(4, ndim=2, timescales=timescales)
+
+
 def test_rejects_zero_ndim():
     with pytest.raises(ValueError, match="ndim"):
         BidirectionalEMA(4, ndim=0)

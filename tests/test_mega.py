@@ -146,6 +146,13 @@ def test_attention_choice_switches_the_model_to_mega(name):
     assert isinstance(build_model(cfg).blocks[0], MegaBlock)
 
 
+def test_ema_timescales_key_reaches_every_block():
+    model = build_model(compose_config(["attention=megacur", "model.block.ema_timescales=[4,400]"]))
+    for block in model.blocks:
+        tau = 1 / torch.sigmoid(block.ema.alpha.detach())
+        assert tau.min() >= 4 - 1e-4 and tau.max() <= 400 * (1 + 1e-4) and tau.max() > 100
+
+
 def test_mega_attention_in_a_transformer_block_is_a_clear_error():
     with pytest.raises(ValueError, match="single-head"):
         build_model(compose_config(["attention=mega", "model=encoder"]))
