@@ -29,7 +29,7 @@ decay time ``1/(1 − q) = 1/(p·σ(δ)) ≈ 4`` tokens. ``timescales = (τ_min,
 instead draws ``τ`` log-uniform in that range per (direction, channel, dimension) and sets ``p = σ(α) = 1/τ``
 (δ as the reference), so the decay times ``τ/σ(δ) ≈ 2τ`` span short and sequence-long memories from the
 start, as S4D's log-uniform step sizes do (Gu et al. 2022, "On the Parameterization and Initialization of
-Diagonal State Space Models", §4: Δ ~ LogUniform(0.001, 0.1), timescales 10–1000); the steady-state gain
+Diagonal State Space Models": Δ ~ LogUniform(0.001, 0.1), timescales 10–1000); the steady-state gain
 ``p·β/(1 − q) = β/σ(δ)`` stays ≈ 2 whatever ``τ``.
 """
 
