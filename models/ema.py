@@ -56,6 +56,9 @@ class BidirectionalEMA(nn.Module):
             raise ValueError(f"model.block.ndim (EMA dimension) must be >= 1, got {ndim}")
         if truncation is not None and truncation < 1:
             raise ValueError(f"model.block.ema_truncation must be null (all lags) or >= 1, got {truncation}")
+        if timescales is not None and (len(timescales) != 2 or not 1 < timescales[0] <= timescales[1]):
+            raise ValueError(f"model.block.ema_timescales must be [low, high] with 1 < low <= high (tokens), got "
+                             f"{list(timescales)}; null keeps MEGA's initialisation")
         self.d_model = d_model
         self.ndim = ndim
         self.truncation = truncation
@@ -106,9 +109,6 @@ class BidirectionalEMA(nn.Module):
 
 def log_uniform_timescales(shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
     """``τ`` of the given shape, ``log τ ~ U(log low, log high)``; α = logit(1/τ) = −log(τ − 1) needs ``low > 1``."""
-    if not 1 < low <= high:
-        raise ValueError(f"model.block.ema_timescales must be [low, high] with 1 < low <= high (tokens), "
-                         f"got [{low}, {high}]; null keeps MEGA's initialisation")
     return torch.exp(torch.empty(shape).uniform_(math.log(low), math.log(high)))
 
 

@@ -163,7 +163,7 @@ def test_timescale_init_spans_the_range_and_keeps_the_gain():
     torch.testing.assert_close(gain, torch.full_like(gain, 2.0), rtol=1e-3, atol=0)
 
 
-@pytest.mark.parametrize("timescales", [(1.0, 10.0), (20.0, 10.0)])
+@pytest.mark.parametrize("timescales", [(1.0, 10.0), (20.0, 10.0), (2.0, 10.0, 100.0)])
 def test_rejects_a_timescale_range_outside_one_to_infinity(timescales):
     with pytest.raises(ValueError, match="model.block.ema_timescales"):
         BidirectionalEMA(4, ndim=2, timescales=timescales)
