@@ -42,3 +42,23 @@ def test_block_outputs_are_the_encoders_own(attention):
             assert hooked.shape == (len(ids), x.shape[-1])
             torch.testing.assert_close(hooked, x[0])
     assert not any(block._forward_hooks for block in model.blocks)  # hooks removed
+
+
+def test_main_probes_a_listops_small_checkpoint_named_by_its_task(tiny_listops, tmp_path, monkeypatch, capsys):
+    """``--overrides task=listops_small`` builds the 200-position table such a checkpoint holds (``task=listops``,
+    the default, would refuse it with a shape error) and prints an R² per block for both targets."""
+    import sys
+
+    config = compose_config(["task=listops_small"])
+    model = build_model(config)
+    path = tmp_path / "small.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, path)
+    argv = ["depth_probe", "--data", str(tiny_listops), "--ckpt", str(path), "--examples", "6"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(ValueError, match="position_embedding"):
+        depth_probe.main()
+    monkeypatch.setattr(sys, "argv", [*argv, "--overrides", "task=listops_small"])
+    depth_probe.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[-2:]] == ["depth", "root_digit"]
+    assert all(line.count("block ") == config.model.num_layers for line in lines[-2:])

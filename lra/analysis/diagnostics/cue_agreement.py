@@ -68,13 +68,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt)")
     parser.add_argument("--overrides", nargs="*", default=[],
                         help="Hydra overrides of the model; the attention and model groups the checkpoint stores "
-                             "come from it unless named here (checkpoints without them need e.g. attention=curformer)")
+                             "come from it unless named here (checkpoints without them need e.g. attention=curformer); "
+                             "task=listops_small for a checkpoint trained on it (default task=listops)")
 
 
 def trained_model(ckpt: str, overrides: list[str]):
     """The ListOps model ``ckpt`` was trained as (its stored settings, ``overrides`` winning), its weights loaded,
-    in eval mode."""
-    config = with_checkpoint_settings(compose_config(["task=listops", *overrides]), overrides, ckpt)
+    in eval mode. The task (its ``max_length`` sizes learned positions) is ``task=listops`` unless ``overrides``
+    name one."""
+    task = [] if any(override.split("=")[0] == "task" for override in overrides) else ["task=listops"]
+    config = with_checkpoint_settings(compose_config([*task, *overrides]), overrides, ckpt)
     model = build_model(config).eval()
     load_transferred_weights(model, ckpt)
     return model
