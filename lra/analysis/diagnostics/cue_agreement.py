@@ -75,9 +75,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def trained_model(ckpt: str, overrides: list[str]):
     """The ListOps model ``ckpt`` was trained as (its stored settings, ``overrides`` winning), its weights loaded,
     in eval mode. The task (its ``max_length`` sizes learned positions) is ``task=listops`` unless ``overrides``
-    name one."""
-    task = [] if any(override.split("=")[0] == "task" for override in overrides) else ["task=listops"]
-    config = with_checkpoint_settings(compose_config([*task, *overrides]), overrides, ckpt)
+    name another: Hydra's later group override wins."""
+    config = with_checkpoint_settings(compose_config(["task=listops", *overrides]), overrides, ckpt)
     model = build_model(config).eval()
     load_transferred_weights(model, ckpt)
     return model
