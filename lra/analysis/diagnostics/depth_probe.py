@@ -72,11 +72,12 @@ def held_out_r2(features: torch.Tensor, target: torch.Tensor, fit_rows: int) -> 
 
 def probe(model, sequences: list[list[int]]) -> dict[str, list[float]]:
     """Held-out R² per block for ``depth`` and ``root_digit``; the first half of ``sequences`` fits the probe."""
-    per_block = list(zip(*(block_outputs(model, ids) for ids in sequences)))  # blocks x sequences x (n, D)
+    per_sequence = [block_outputs(model, ids) for ids in sequences]
+    per_block = [torch.cat(states) for states in zip(*per_sequence)]  # (tokens of all sequences, D) per block
     fit_rows = sum(len(ids) for ids in sequences[: len(sequences) // 2])
     targets = {"depth": torch.cat([bracket_depths(ids) for ids in sequences]),
                "root_digit": torch.cat([root_digits(ids) for ids in sequences])}
-    return {name: [held_out_r2(torch.cat(states), target, fit_rows) for states in per_block]
+    return {name: [held_out_r2(features, target, fit_rows) for features in per_block]
             for name, target in targets.items()}
 
 
