@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
-from lra.tasks.resume import EpochSampler, ResumableLoader
+from lra.tasks.resume import EpochSampler, ResumableLoader, group_by_length
 from tests.conftest import run_cli
 
 
@@ -23,9 +23,17 @@ def dataset(n: int = 10) -> SplitDataset:
     return SplitDataset(TokenizedSplit(torch.arange(n).view(n, 1).short(), torch.ones(n, dtype=torch.int32), torch.zeros(n, dtype=torch.long)))
 
 
-def loader(seed: int = 0, n: int = 10, batch_size: int = 3) -> ResumableLoader:
+def example_lengths(n: int) -> torch.Tensor:
+    """Lengths 1..50 that differ from example to example, in no particular order."""
+    return (torch.arange(n) * 37 % 50 + 1).int()
+
+
+def loader(seed: int = 0, n: int = 10, batch_size: int = 3, grouped: bool = False, replicas: int = 1,
+           rank: int = 0) -> ResumableLoader:
     data = dataset(n)
-    return ResumableLoader(data, batch_size=batch_size, sampler=EpochSampler(data, seed), collate_fn=collate)
+    lengths = example_lengths(n) if grouped else None
+    sampler = EpochSampler(data, seed, replicas, rank, lengths=lengths, batch_size=batch_size)
+    return ResumableLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate)
 
 
 def ids(batches) -> list[list[int]]:
@@ -48,10 +56,11 @@ def test_order_depends_only_on_seed_and_epoch():
     assert ids(lightning_like) == first[0]
 
 
-def test_state_restores_the_position_mid_epoch_and_at_the_epoch_end():
-    uninterrupted = sum(epochs(loader(), 4), [])  # 16 batches
+@pytest.mark.parametrize("grouped", [False, True])
+def test_state_restores_the_position_mid_epoch_and_at_the_epoch_end(grouped):
+    uninterrupted = sum(epochs(loader(grouped=grouped), 4), [])  # 16 batches
     for taken in (1, 5, 7, 8):  # 8 = exactly the end of the second epoch
-        interrupted = loader()
+        interrupted = loader(grouped=grouped)
         seen, iterator = [], iter(interrupted)
         while len(seen) < taken:
             batch = next(iterator, None)
@@ -60,7 +69,7 @@ def test_state_restores_the_position_mid_epoch_and_at_the_epoch_end():
                 continue
             seen += ids([batch])
         state = interrupted.state_dict()
-        resumed = loader()  # as in a fresh process: same settings, nothing else
+        resumed = loader(grouped=grouped)  # as in a fresh process: same settings, nothing else
         resumed.load_state_dict(state)
         rest = sum(epochs(resumed, 4), [])  # the rest of the interrupted epoch, then whole ones
         assert (seen + rest)[: len(uninterrupted)] == uninterrupted, taken
@@ -70,13 +79,49 @@ def test_resuming_with_other_loader_settings_names_them():
     state = loader(batch_size=3).state_dict()
     with pytest.raises(ValueError, match=r"batch_size 3 -> 4.*task.batch_size.*hydra.run.dir"):
         loader(batch_size=4).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"group_by_length False -> True.*task.group_by_length"):
+        loader(grouped=True).load_state_dict(state)
+    del state["group_by_length"]  # a checkpoint written before the setting existed resumes ungrouped
+    loader().load_state_dict(state)
 
 
-# three short training runs: 18 s on a 2-core machine
-def test_killed_and_resumed_run_equals_the_uninterrupted_run(tiny_listops_overrides, tmp_path):
+def test_group_by_length_batches_similar_lengths_from_the_shuffled_groups():
+    n, batch, per_group = 1000, 8, 5
+    lengths, order = example_lengths(n), torch.randperm(n, generator=torch.Generator().manual_seed(3))
+    grouped = group_by_length(order, lengths, batch, torch.Generator().manual_seed(4), batches_per_group=per_group)
+    assert sorted(grouped.tolist()) == list(range(n))
+    chunk = per_group * batch
+    for start in range(0, n, chunk):  # a group holds the same examples as the shuffle's slice, regrouped by length
+        assert sorted(grouped[start : start + chunk].tolist()) == sorted(order[start : start + chunk].tolist())
+        by_length = torch.sort(lengths[order[start : start + chunk]], descending=True).values.view(-1, batch)
+        batches = lengths[grouped[start : start + chunk]].view(-1, batch)
+        assert sorted(map(tuple, batches.tolist())) == sorted(map(tuple, by_length.tolist()))  # batches are sorted runs
+    padded = {name: int(lengths[o].view(-1, batch).amax(1).sum()) * batch for name, o in (("grouped", grouped), ("shuffled", order))}
+    assert padded["grouped"] < 0.75 * padded["shuffled"]  # deterministic token count: lengths 1..50, 40 per group
+    batch_orders = {tuple(group_by_length(order, lengths, batch, torch.Generator().manual_seed(seed), per_group)[:chunk].tolist())
+                    for seed in range(5)}
+    assert len(batch_orders) > 1  # the batches of a group come in a random order
+
+
+def test_group_by_length_keeps_a_short_last_batch_last_and_shares_global_batches_between_ranks():
+    n, batch = 23, 3  # 2 ranks: total 24 (one index repeated), global batches of 6
+    ranks = [ids(loader(n=n, batch_size=batch, grouped=True, replicas=2, rank=rank)) for rank in (0, 1)]
+    assert [len(b) for b in ranks[0]] == [len(b) for b in ranks[1]] == [3, 3, 3, 3]
+    lengths = example_lengths(n).tolist()
+    everything = sorted((lengths[i] for rank in ranks for b in rank for i in b), reverse=True)
+    runs = [everything[k : k + 2 * batch] for k in range(0, len(everything), 2 * batch)]
+    for first, second in zip(*ranks):  # each step the two ranks hold halves of one global batch: a sorted run of 6
+        assert sorted((lengths[i] for i in first + second), reverse=True) in runs
+    single = ids(loader(n=10, batch_size=3, grouped=True))
+    assert [len(b) for b in single] == [3, 3, 3, 1] and sorted(sum(single, [])) == list(range(10))
+
+
+# three short training runs: 18 s on a 2-core machine, for each training order
+@pytest.mark.parametrize("grouped", ["false", "true"])
+def test_killed_and_resumed_run_equals_the_uninterrupted_run(tiny_listops_overrides, tmp_path, grouped):
     # 64 train examples / batch 16 = 4 batches per epoch; last.ckpt every 3 steps. Killed at step 5 (in epoch 1),
     # the run resumes from step 3 (3 of epoch 0's 4 batches done; steps 4-5 are redone) and crosses two epoch ends.
-    overrides = [*tiny_listops_overrides, "trainer.max_steps=10", "task.eval_every=3", "seed=5",
+    overrides = [*tiny_listops_overrides, "trainer.max_steps=10", "task.eval_every=3", "seed=5", f"task.group_by_length={grouped}",
                  "+callbacks.faults._target_=tests.faults.Faults"]
 
     def train(run_dir, env=None):

@@ -9,6 +9,9 @@ take turns through a file lock, and each writes through its own temporary file t
 cache atomically, so a reader sees a whole cache or none. A build that fails (a bad line in a data file)
 removes its lock, and the cache folder when it made it and nothing else is in it.
 
+``task.group_by_length=true`` batches training examples of similar lengths together (:func:`lra.tasks.resume.group_by_length`),
+which on ListOps halves the padded tokens a step computes on; evaluation keeps the files' order.
+
 Training order is resumable (docs/design.md §4 "Caching": same seed -> same result, interrupted or not): the train
 loader's order is a permutation derived from ``(seed, epoch)`` only (:class:`EpochSampler`,
 seed = the run's ``seed``) and :class:`ResumableLoader` tells Lightning how far into the epoch it
@@ -95,13 +98,15 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
 
     task_name: str = "task"
 
-    def __init__(self, data_dir: str, max_length: int, batch_size: int, cache_dir: str | None, num_workers: int = 0):
+    def __init__(self, data_dir: str, max_length: int, batch_size: int, cache_dir: str | None, num_workers: int = 0,
+                 group_by_length: bool = False):
         super().__init__()
         self.data_dir = Path(data_dir)
         self.max_length = max_length
         self.batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.num_workers = num_workers
+        self.group_by_length = group_by_length
         self.splits: dict[str, TokenizedSplit] = {}
 
     # --- to implement per task -------------------------------------------------------------
@@ -201,7 +206,9 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
             return DataLoader(dataset, shuffle=False, **options)
         trainer = self.trainer
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        return ResumableLoader(dataset, sampler=EpochSampler(dataset, self.shuffle_seed, replicas, rank), **options)
+        lengths = self.splits[split].lengths.view(len(dataset), -1).amax(1) if self.group_by_length else None
+        sampler = EpochSampler(dataset, self.shuffle_seed, replicas, rank, lengths=lengths, batch_size=self.batch_size)
+        return ResumableLoader(dataset, sampler=sampler, **options)
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train", shuffle=True)

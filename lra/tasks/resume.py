@@ -23,11 +23,18 @@ class EpochSampler(DistributedSampler):
     ``num_replicas > 1`` (a ``DistributedSampler``, so Lightning keeps it under DDP). The first ``skip`` indices
     are left out (resuming mid-epoch). ``epoch`` is advanced by :class:`ResumableLoader`, not by Lightning's
     ``set_epoch``: after a resume from a checkpoint written at an epoch's last batch Lightning numbers the next
-    epoch like the one that just ended, which would replay its order."""
+    epoch like the one that just ended, which would replay its order.
 
-    def __init__(self, dataset: Dataset, seed: int, num_replicas: int = 1, rank: int = 0):
+    With ``lengths`` (``(N,)`` real tokens per example) the shuffled order is regrouped by
+    :func:`group_by_length` into global batches of ``batch_size × num_replicas`` similar lengths, so the
+    collated batches, padded to their longest example, carry little padding."""
+
+    def __init__(self, dataset: Dataset, seed: int, num_replicas: int = 1, rank: int = 0,
+                 lengths: torch.Tensor | None = None, batch_size: int = 1):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
         self.skip = 0
+        self.lengths = lengths
+        self.batch_size = batch_size
 
     def set_epoch(self, epoch: int) -> None:
         """Ignored (see the class docstring): the loader that owns this sampler counts the epochs."""
@@ -35,7 +42,30 @@ class EpochSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch)))
         order = order.repeat(-(-self.total_size // len(order)))[: self.total_size]  # pad as DistributedSampler does
+        if self.lengths is not None:
+            generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch) ^ 1)
+            order = group_by_length(order, self.lengths, self.batch_size * self.num_replicas, generator)
         return iter(order[self.rank : self.total_size : self.num_replicas][self.skip :].tolist())
+
+
+def group_by_length(order: torch.Tensor, lengths: torch.Tensor, batch: int, generator: torch.Generator,
+                    batches_per_group: int = 50) -> torch.Tensor:
+    """``order`` (a shuffled index list) cut into groups of ``batches_per_group · batch`` consecutive indices,
+    each group sorted by ``lengths`` (longest first) and cut into batches of ``batch``, the full batches of a
+    group put in a random order (``generator``); a last short batch stays last, so every batch the loader
+    cuts from the result is one of these. Which examples share a group is still the random shuffle; only
+    who shares a batch inside it follows length (the megabatch scheme of Hugging Face's
+    ``LengthGroupedSampler``, ``group_by_length=True``, 50 batches per group, whose batch order within a
+    group we shuffle instead of starting with the longest). ``(M,)`` -> ``(M,)``, the same indices."""
+    chunk = batches_per_group * batch
+    pieces = []
+    for start in range(0, len(order), chunk):
+        group = order[start : start + chunk]
+        group = group[torch.sort(lengths[group], descending=True, stable=True).indices]
+        full = len(group) // batch * batch
+        batches = group[:full].view(-1, batch)
+        pieces += [batches[torch.randperm(len(batches), generator=generator)].flatten(), group[full:]]
+    return torch.cat(pieces)
 
 
 class ResumableLoader(DataLoader):
@@ -62,16 +92,19 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.sampler.epoch, "batches": self.position, "seed": self.sampler.seed,
-                "dataset_size": len(self.dataset), "batch_size": self.batch_size, "num_replicas": self.sampler.num_replicas}
+                "dataset_size": len(self.dataset), "batch_size": self.batch_size, "num_replicas": self.sampler.num_replicas,
+                "group_by_length": self.sampler.lengths is not None}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         now = self.state_dict()
-        changed = [f"{key} {state[key]} -> {now[key]}" for key in ("seed", "dataset_size", "batch_size", "num_replicas")
+        state = {"group_by_length": False, **state}  # checkpoints from before task.group_by_length existed
+        changed = [f"{key} {state.get(key)} -> {now[key]}"
+                   for key in ("seed", "dataset_size", "batch_size", "num_replicas", "group_by_length")
                    if state.get(key) != now[key]]
         if changed:
             raise ValueError(
                 f"cannot resume the training order: the checkpoint's train loader had other settings ({', '.join(changed)}; "
-                "seed, task.batch_size, the train split, trainer.devices x num_nodes); resume with the settings "
+                "seed, task.batch_size, the train split, trainer.devices x num_nodes, task.group_by_length); resume with the settings "
                 "of the interrupted run, or start a new run dir (hydra.run.dir=...) to train from scratch"
             )
         self.sampler.epoch, self.position = state["epoch"], state["batches"]
