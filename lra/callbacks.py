@@ -7,6 +7,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
+from lra.interrupts import StoppedAtOnce
+
 GATE_BUFFER = "memory_gate"  # name of the μ buffer of attention.liza.LiZAAttention (scheduled gate)
 
 
@@ -111,9 +113,15 @@ class ResumingProgressBar(TQDMProgressBar):
         self.train_progress_bar.initial = 0  # before Lightning's reset() redraws the bar (else a negative it/s)
         super().on_train_epoch_start(trainer, *args)
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Close the open bars now: left to the interpreter's exit, they are redrawn after the run's last message."""
+        for bar in (self._val_progress_bar, self._test_progress_bar, self._train_progress_bar):  # the outer bar last
+            if bar is not None:
+                bar.close()
+
 
 class LastCheckpoint(ModelCheckpoint):
-    """``last.ckpt`` after every validation, at the end of training, and on an exception or SIGTERM
+    """``last.ckpt`` after every validation, at the end of training, and on an exception, SIGTERM or Ctrl-C
     (``interrupted-<step>.ckpt`` beside it); re-running into the run dir resumes from it.
 
     Saved after the validation of its step (Lightning's step-based saving comes before it), so the best
@@ -147,8 +155,9 @@ class LastCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """Save the state trained so far, but only once training ran: an error while a checkpoint is restored
         (a resume refused by the train loader) would otherwise overwrite the run's checkpoints with a fresh model.
+        Nor on a second Ctrl-C (:class:`lra.interrupts.StoppedAtOnce`): it lands mid-step, a state not to resume.
         A save that fails (a full disk) is reported and leaves the older checkpoints as they were."""
-        if isinstance(exception, NonFiniteLossError) or not getattr(self, "training_started", False):
+        if isinstance(exception, (NonFiniteLossError, StoppedAtOnce)) or not getattr(self, "training_started", False):
             return
         try:
             super().on_exception(trainer, pl_module, exception)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -18,18 +20,56 @@ log = logging.getLogger(__name__)
 MODEL_PREFIX = "model."
 
 
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
+
+
+class DiskFull(OSError):
+    """A checkpoint could not be written for want of space; the message names the file and the space left."""
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether ``error``, or an error it was raised from or while handling, is a full disk or quota. ``torch.save``
+    reports one as ``RuntimeError: [enforce fail at inline_container.cc:...] unexpected pos ...``, raised while
+    handling the file's ``OSError(ENOSPC)``."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def readable_size(size: float) -> str:
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if size < 1000:
+            break
+        size /= 1000
+    return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, atomic on local disks: the checkpoint goes to a temporary file beside its
     final name, is fsynced, then renamed (:func:`lra.tasks.files.atomic_write`), so a full disk or a kill during
     a save leaves the previous file (or none), never a cut-short one, and a failed save leaves no temporary file.
+    A full disk raises :class:`DiskFull`: ``disk full while writing <path> (<free> left): ...``.
     ``lra.train.build_trainer`` adds it to every trainer (DDP included: rank 0 saves)."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        atomic_write(Path(path), lambda tmp: self.write(checkpoint, tmp))
+        path = Path(path)
+        try:
+            atomic_write(path, lambda tmp: self.write(checkpoint, tmp))
+        except Exception as error:
+            if not is_disk_full(error):
+                raise
+            free = readable_size(shutil.disk_usage(path.parent).free)
+            raise DiskFull(f"disk full while writing {path} ({free} left): free space, then re-run the same command "
+                           f"to resume") from error
 
     @staticmethod
     def write(checkpoint: dict, tmp: Path) -> None:
-        torch.save(checkpoint, tmp)
+        """``torch.save`` through a Python file: a failed write then keeps its ``OSError`` (and errno) as the
+        context of torch's ``RuntimeError`` (saving to a path, torch's own writer reports only the position)."""
+        with open(tmp, "wb") as handle:
+            torch.save(checkpoint, handle)
 
 
 def read_checkpoint(ckpt_path: str | Path) -> dict:

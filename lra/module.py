@@ -12,6 +12,7 @@ from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from lra.checkpoints import CHECKPOINT_SETTINGS
+from lra.config_keys import check_keys
 from lra.stage_clock import StageClock
 
 
@@ -148,6 +149,9 @@ def optimizers_per_step(optimizer: Callable[..., torch.optim.Optimizer],
 DESCRIPTIVE_KEYS = ("name",)
 # Keys of a model config node that say how the network runs, not what it is (not constructor arguments).
 RUNTIME_KEYS = ("compile",)
+# Constructor arguments the code passes, not the config: the model's to the attention, build_model's to the model.
+ATTENTION_SUPPLIED = ("num_heads", "head_dim")
+MODEL_SUPPLIED = ("vocab_size", "max_length", "num_classes", "attention", "head")
 
 
 def compile_setting(cfg) -> bool:
@@ -174,7 +178,8 @@ def attention_factory(node) -> Callable[..., nn.Module]:
     factory ``factory(num_heads=, head_dim=) -> nn.Module``: the one place attention configs become objects.
 
     The node is resolved against the whole run config first (nodes may interpolate ``${task.max_length}``);
-    its descriptive ``name`` is dropped. The head layout is supplied by the model, not by the config.
+    its descriptive ``name`` is dropped. The head layout is supplied by the model, not by the config. A key the
+    variant's constructor does not take is refused naming the keys it does (:func:`lra.config_keys.check_keys`).
     """
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -185,6 +190,7 @@ def attention_factory(node) -> Callable[..., nn.Module]:
             "pick one of configs/attention/*.yaml, e.g. attention=softmax"
         )
     container = OmegaConf.to_container(node, resolve=True)
+    check_keys(container, "attention", supplied=ATTENTION_SUPPLIED, descriptive=DESCRIPTIVE_KEYS)
     return instantiate({key: value for key, value in container.items() if key not in DESCRIPTIVE_KEYS}, _partial_=True)
 
 
@@ -200,8 +206,10 @@ def build_model(cfg) -> nn.Module:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    node = OmegaConf.to_container(cfg.model, resolve=True)
-    encoder = instantiate({key: value for key, value in node.items() if key not in RUNTIME_KEYS})
+    node = {key: value for key, value in OmegaConf.to_container(cfg.model, resolve=True).items()
+            if key not in RUNTIME_KEYS}
+    check_keys(node, "model", supplied=MODEL_SUPPLIED)
+    encoder = instantiate(node)
     return encoder(
         vocab_size=cfg.task.vocab_size,
         max_length=cfg.task.max_length,

@@ -5,18 +5,18 @@ their ``_target_`` configs, fits (resuming from the newest checkpoint of ``<run 
 loads; a command whose settings are not the run dir's recorded ones is refused first: :mod:`lra.run_dir`),
 tests the best-validation checkpoint and writes ``<run dir>/results.json``. With ``pretrain.steps > 0`` a
 self-pretraining stage runs first in ``<run dir>/pretrain/`` (:func:`pretrain_stage`). A run dir that already
-holds a completed run is not trained again. In a multirun a failing job records ``status: failed``
-and the sweep goes on; the sweep exits non-zero at the end. SIGTERM (preemption) records
-``status: interrupted`` with the step, stops the run (and a sweep) and exits 143; re-running resumes.
+holds a completed run is not trained again; a run dir another process is using is refused before anything is
+written there (:mod:`lra.run_lock`). In a multirun a failing job records ``status: failed`` and the sweep goes on;
+the sweep exits non-zero at the end. A failure prints ``[lra] FAILED: <error>`` last, its traceback going to
+``<run dir>/error.log`` (:mod:`lra.run_end`). SIGTERM (preemption) and SIGINT (Ctrl-C) record
+``status: interrupted`` with the step, stop the run (and a sweep) and exit 143 / 130; re-running resumes exactly
+(:mod:`lra.interrupts`).
 """
 
 from __future__ import annotations
 
-import errno
 import math
-import signal
 import sys
-import traceback
 from pathlib import Path
 
 import hydra
@@ -31,17 +31,19 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lra.allocator import retain_freed_memory
 from lra.checkpoints import AtomicCheckpointIO, load_transferred_weights
 from lra.config import CONFIG_DIR
+from lra.config_keys import PROBABILITY_NODES, check_probabilities
 from lra.csv_logger import CSVRowsInCheckpoint, RunCSVLogger
 from lra.hydra_callbacks import unfinished_jobs
+from lra.interrupts import STOP_SIGNALS, FinishValidation
 from lra.module import build_module
 from lra.pretrain import ENCODER_CHECKPOINT, build_pretrain_module, pretrain_callbacks, read_encoder_record
 from lra.pretrain import validate as validate_pretrain
-from lra.run_dir import ResumeRefused, check_resume, checkpoints, claim, drop_unused_pretrain, resume_checkpoint
+from lra.run_dir import ResumeRefused, check_resume, claim, drop_unused_pretrain, resume_checkpoint
+from lra.run_end import failure, interruption
+from lra.run_lock import RunDirInUse, hold, release
 from lra.results import (config_differences, git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
                          write_results)
 from lra.wandb_summary import active_run, run_config
-
-SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
 
 def is_int(value) -> bool:
@@ -65,6 +67,8 @@ def validate(cfg: DictConfig) -> None:
     lr = OmegaConf.select(cfg, "optimizer.lr")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0):
         raise ValueError(f"optimizer.lr must be a finite number > 0 (got {lr!r}); e.g. optimizer.lr=1e-4 (the LRA setting)")
+    check_probabilities({group: OmegaConf.to_container(cfg[group], resolve=True)
+                         for group in PROBABILITY_NODES if cfg.get(group) is not None})
 
 
 def note_exact_landmarks(cfg: DictConfig) -> None:
@@ -94,6 +98,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, loggers: list | None = None, c
         callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values()]
     # a resumed run continues its metrics.csv from the rows its checkpoint records
     callbacks = [*callbacks, *(CSVRowsInCheckpoint(logger) for logger in loggers if isinstance(logger, RunCSVLogger))]
+    callbacks.append(FinishValidation())  # a SIGTERM / Ctrl-C during a validation stops after it (lra.interrupts)
     plugins = [instantiate(node) for node in (cfg.trainer.get("plugins") or [])]
     if not any(hasattr(plugin, "save_checkpoint") for plugin in plugins):
         plugins.append(AtomicCheckpointIO())  # checkpoints are never left cut short under their final name
@@ -193,13 +198,6 @@ def finish_wandb() -> None:
         run.finish()
 
 
-def stop_on_sigterm(signum, frame) -> None:
-    """SIGTERM outside Lightning's fit/test (data set-up, between sweep jobs): stop now, as an interruption.
-    Inside them Lightning's own handler (which calls this one too) stops at the end of the batch."""
-    if signal.getsignal(signal.SIGTERM) is stop_on_sigterm:
-        raise SIGTERMException(SIGTERM_EXIT_CODE)
-
-
 def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | None:
     """The completed record in ``run_dir`` (then this run is not trained again), or None.
 
@@ -224,73 +222,58 @@ def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | 
     return record
 
 
-def record_failure(run_dir: Path, cfg: DictConfig, error: Exception, owner: bool) -> Path | str:
-    """``results.json`` with ``status: failed`` (when this run may write there), or why none was written."""
-    if not (owner or not checkpoints(run_dir)):
-        return "nothing written: the run dir holds another run's checkpoints"
-    try:
-        return write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}",
-                             steps=getattr(error, "step", None), val_curve=getattr(error, "val_curve", None),
-                             traceback=traceback.format_exc())
-    except OSError as write_error:  # a full disk: say so rather than hide the run's error behind this one
-        return f"results.json not written: {type(write_error).__name__}: {write_error}"
-
-
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    same_dir = f"{dir_key}={hydra_cfg.sweep.dir if multirun else run_dir}"
     if multirun and cfg.get("group") is None:
         with open_dict(cfg):
             cfg.group = Path(hydra_cfg.sweep.dir).name
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
-    owner = False  # whether this run may write its record here: not before the run dir's settings are checked
-    try:  # from here on a SIGTERM is recorded as an interruption, wherever it lands
+    STOP_SIGNALS.install()
+    owner = took_lock = False  # owner: whether this run may write its record here (once the dir's settings match)
+    interrupted = failed = None  # the line to print last, after the loggers have closed
+    try:  # from here on a SIGTERM or SIGINT is recorded as an interruption, wherever it lands
         print(f"[lra] run dir: {run_dir} (code: {git_commit()})", flush=True)
+        took_lock = hold(run_dir, dir_key)  # a sweep job locks its dir here; a single run holds it (RunDirOwner)
         if (record := already_completed(run_dir, cfg, multirun)) is not None:
             return record.get("test_acc")
-        try:
-            check_resume(run_dir, cfg)  # reads only: a refused run writes nothing
-        except ResumeRefused as refusal:
-            if not multirun:
-                raise
-            print(refusal.code, flush=True)
-            return None
+        check_resume(run_dir, cfg)  # reads only: a refused run writes nothing
         claim(run_dir, cfg)
         owner = True
         if (read_results(run_dir) or {}).get("status") == "not_started":  # written when the sweep started; a job
             (run_dir / "results.json").unlink()  # killed from now on shows as "missing" (no results.json), as before
         metrics = train(cfg, run_dir)
-    except SIGTERMException as error:
-        step = getattr(error, "step", None)
-        path = run_dir / "results.json"
-        if (owner or not checkpoints(run_dir)) and (read_results(run_dir) or {}).get("status") != "completed":
-            path = write_results(run_dir, cfg, "interrupted", steps=step, error="SIGTERM (preempted or stopped)",
-                                 val_curve=getattr(error, "val_curve", None),
-                                 pretrain_step=getattr(error, "pretrain_step", None))
-        same_dir = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else f"hydra.run.dir={run_dir}"
-        where = (f"pretraining step {error.pretrain_step}", "pretrain/checkpoints/last.ckpt") \
-            if getattr(error, "pretrain_step", None) is not None else (f"step {step}", "checkpoints/last.ckpt")
-        print(f"[lra] INTERRUPTED by SIGTERM (preempted or stopped) at {where[0]}: {path}; re-run the same command with "
-              f"{same_dir} to resume from {where[1]}", flush=True)
-        if multirun:
-            sweep_dir = Path(hydra_cfg.sweep.dir)
-            print(f"[lra] sweep {sweep_dir} stopped; unfinished jobs:\n  " + "\n  ".join(unfinished_jobs(sweep_dir)),
-                  file=sys.stderr, flush=True)
-        raise SystemExit(SIGTERM_EXIT_CODE) from error
-    except Exception as error:
-        path = record_failure(run_dir, cfg, error, owner)
-        fix = ("; free space there and re-run the same command: it resumes from the newest checkpoint that loads"
-               if getattr(error, "errno", None) == errno.ENOSPC else "")
-        print(f"[lra] FAILED: {type(error).__name__}: {error} (details in {path}){fix}", flush=True)
+    except (ResumeRefused, RunDirInUse) as refusal:  # nothing was written
         if not multirun:
             raise
+        print(refusal.code, flush=True)
         return None
+    except SIGTERMException as error:
+        interrupted = interruption(run_dir, cfg, error, owner, STOP_SIGNALS.received, same_dir)
+    except Exception as error:
+        failed = failure(run_dir, cfg, error, owner, hydra_cfg.verbose)
     else:  # before `finally`: the record also goes into the W&B run's summary, which finish_wandb closes
         path = write_results(run_dir, cfg, "completed", **metrics)
     finally:
         finish_wandb()
+        if took_lock:
+            release(run_dir)
+    if interrupted is not None:
+        message, code = interrupted
+        print(message, flush=True)
+        if multirun:
+            sweep_dir = Path(hydra_cfg.sweep.dir)
+            print(f"[lra] sweep {sweep_dir} stopped; unfinished jobs:\n  " + "\n  ".join(unfinished_jobs(sweep_dir)),
+                  file=sys.stderr, flush=True)
+        raise SystemExit(code)
+    if failed is not None:
+        print(failed, file=sys.stderr, flush=True)
+        if not multirun:
+            raise SystemExit(1)
+        return None
     independent = (f", independent test acc {metrics['independent_test_acc']:.4f}"
                    if "independent_test_acc" in metrics else "")
     print(f"[lra] test acc {metrics['test_acc']:.4f}{independent} (best val {metrics['val_acc_best']:.4f}); "

@@ -1,15 +1,19 @@
 """Config keys users type, through composed configs and the real objects: one landmark key
 (``attention.num_landmarks``) and one pseudo-inverse start key (``attention.pinv_init``) for every CUR/Nyström
-variant, and ``attention.linear=<name>`` (a value override) refused with the group-override fix."""
+variant, ``attention.linear=<name>`` (a value override) refused with the group-override fix, and a key a variant's
+constructor does not take (a typo) refused naming the keys it does."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
 from attention.linear import DeltaRuleAttention
-from lra.module import build_attention, build_model
+from lra import REPO_ROOT
+from lra.module import attention_factory, build_attention, build_model
 from tests.attention_reference import padded_mask, random_qkv
 from tests.tolerances import tolerance
 from tests.conftest import compose_config
@@ -117,3 +121,40 @@ def test_linear_group_override_builds_the_branch():
     model = build_model(compose_config(["attention=liza", "attention/linear=delta", "attention.linear.chunk_size=16"]))
     branches = [module.linear for module in attention_modules(model)]
     assert branches and all(isinstance(b, DeltaRuleAttention) and b.chunk_size == 16 for b in branches)
+
+
+# --- keys a variant does not take ---------------------------------------------------------------------------
+
+ATTENTIONS = sorted(path.stem for path in (REPO_ROOT / "configs" / "attention").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_every_attention_config_passes_the_key_check(name):
+    """The check reads the keys from the constructors: none of the shipped configs may be refused."""
+    cfg = compose_config([f"attention={name}"])
+    attention_factory(cfg.attention)
+    if name != "flashcur":  # a Triton kernel: built on a GPU (or the interpreter) only
+        build_model(cfg)
+
+
+@pytest.mark.parametrize("name, override, named", [
+    ("curformer", "+attention.num_landmark=32", "did you mean attention.num_landmarks?"),
+    ("megacur", "+attention.num_landmark=32", "did you mean attention.num_landmarks?"),  # keys passed on to CUR
+    ("nystromformer", "+attention.pinv_iter=3", "did you mean attention.pinv_iters?"),
+    ("l1_cur", "+attention.score.lamb=2", "did you mean attention.score.lam?"),
+    ("softmax", "+attention.num_landmarks=32", "the keys it takes: dropout."),
+])
+def test_an_unknown_attention_key_names_the_keys_of_that_attention(name, override, named):
+    cfg = compose_config([f"attention={name}", override])
+    key = override[1:].split("=")[0]
+    with pytest.raises(ValueError, match=re.escape(f"{key} is not a key of ")) as error:
+        attention_factory(cfg.attention)
+    assert named in str(error.value)
+    if name.endswith("cur") and "score" not in key:
+        assert "num_landmarks, overwrite_rows, pinv_init, pinv_iters, same_indices" in str(error.value)
+
+
+def test_an_unknown_model_key_names_the_keys_of_the_model():
+    with pytest.raises(ValueError, match=re.escape("model.dropuot is not a key of model (models.encoder.Encoder): "
+                                                   "did you mean model.dropout?")):
+        build_model(compose_config(["+model.dropuot=0.2"]))

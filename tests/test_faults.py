@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -15,12 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from lra.checkpoints import read_checkpoint
+from lra.checkpoints import AtomicCheckpointIO, DiskFull, read_checkpoint
 from lra.run_dir import settings_differences
 from lra.tasks.files import atomic_write
 from lra.tasks.listops import HEADER, read_tsv
-from lra.train import SIGTERM_EXIT_CODE, note_exact_landmarks
+from lra.interrupts import SIGTERM_EXIT_CODE
+from lra.train import note_exact_landmarks
 from tests.conftest import REPO_ROOT, compose_config, run_cli
+from tests.faults import full_disk_write
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
 
@@ -70,7 +73,11 @@ def test_full_disk_leaves_no_partial_checkpoint_and_the_rerun_completes(tiny_lis
     args = ["-m", "lra.train", *tiny_listops_overrides, FAULTS, f"hydra.run.dir={run_dir}"]
     full = run_cli(args, env={"LRA_FAULT_ENOSPC_AT": "3"})  # the step-4 checkpoints hit a full disk
     assert full.returncode == 1, full.stderr[-3000:]
-    assert "No space left on device" in full.stdout + full.stderr
+    last_line = full.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"[lra] FAILED: DiskFull: disk full while writing {run_dir / 'checkpoints'}/")
+    assert re.search(r"\.ckpt \([0-9.]+ [kMG]?B(ytes)? left\): free space, then re-run the same command to resume",
+                     last_line), last_line
+    assert "inline_container" not in last_line and "RuntimeError" in (run_dir / "error.log").read_text()
     folder = run_dir / "checkpoints"
     assert not [path for path in run_dir.rglob("*") if path.name.endswith(".tmp")]
     assert sorted(path.name for path in folder.iterdir()) == ["best-2.ckpt", "last.ckpt"]
@@ -94,6 +101,38 @@ def test_a_failed_write_leaves_neither_a_partial_file_nor_its_temporary(tmp_path
     with pytest.raises(OSError):
         atomic_write(target, full_disk)
     assert target.read_text() == "old" and sorted(tmp_path.iterdir()) == [target]
+
+
+def test_a_full_disk_names_the_checkpoint_and_the_space_left(tmp_path):
+    """torch.save's own error on a full disk (``RuntimeError: [enforce fail at inline_container.cc:...]``, raised
+    while handling the file's ENOSPC) becomes the message, and the previous checkpoint stays whole."""
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    writer = AtomicCheckpointIO()
+    writer.save_checkpoint({"step": 1, "weights": torch.zeros(64)}, target)
+    kept = target.read_bytes()
+    writer.write = full_disk_write
+    with pytest.raises(DiskFull) as error:
+        writer.save_checkpoint({"step": 2, "weights": torch.ones(4096)}, target)
+    assert re.fullmatch(rf"disk full while writing {re.escape(str(target))} \([0-9.]+ [kMG]?B(ytes)? left\): free "
+                        r"space, then re-run the same command to resume", str(error.value))
+    assert isinstance(error.value.__cause__, RuntimeError) and "inline_container" in str(error.value.__cause__)
+    assert target.read_bytes() == kept and sorted(target.parent.iterdir()) == [target]
+
+
+def test_a_real_full_disk_gives_the_same_message(tmp_path):
+    """On a 64 kB tmpfs (a private mount namespace): torch.save of a 400 kB checkpoint fills it."""
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    script = (f"import torch; from lra.checkpoints import AtomicCheckpointIO; "
+              f"AtomicCheckpointIO().save_checkpoint({{'weights': torch.zeros(100_000)}}, '{mount}/last.ckpt')")
+    command = f"mount -t tmpfs -o size=64k none {mount} && {shlex.quote(sys.executable)} -c {shlex.quote(script)}"
+    result = subprocess.run(["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"})
+    if "Traceback" not in result.stderr:  # python never ran: no namespace or mount rights here
+        pytest.skip(f"needs `unshare -rm` and a tmpfs mount ({result.stderr.strip()[:200]})")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"DiskFull: disk full while writing {mount}/last.ckpt (" in result.stderr
+    assert "left): free space, then re-run the same command to resume" in result.stderr
 
 
 @pytest.mark.parametrize("content", [b"PK\x03\x04 cut short", b"not a checkpoint\n"])

@@ -14,10 +14,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lra.checkpoints import load_transferred_weights, read_checkpoint
+from lra.interrupts import SIGTERM_EXIT_CODE
 from lra.module import build_model
 from lra.pretrain import build_pretrain_module, mask_tokens, validate
 from lra.run_dir import RECORD, ResumeRefused, check_resume
-from lra.train import SIGTERM_EXIT_CODE
 from tests.conftest import compose_config, run_cli
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"

@@ -1,8 +1,9 @@
 """Resume is reproducible: the train order is derived from (seed, epoch), its position is stored in the checkpoint.
 
-The end-to-end check SIGKILLs a real training run mid-epoch (``tests.faults.Faults`` with
-``LRA_FAULT_SIGKILL_AT``: no cleanup, no exception checkpoint), resumes it from ``last.ckpt``
-in the same run dir, and compares test_acc and the final weights with an uninterrupted run.
+The end-to-end check stops a real training run mid-epoch (``tests.faults.Faults``): SIGKILL (no cleanup, no
+exception checkpoint), Ctrl-C (SIGINT) between validations or during one, Ctrl-C twice (stopped at once); it
+resumes the run from its newest checkpoint in the same run dir and compares test_acc, the validation curve, the
+final weights and ``metrics.csv`` with an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -116,35 +117,81 @@ def test_group_by_length_keeps_a_short_last_batch_last_and_shares_global_batches
     assert [len(b) for b in single] == [3, 3, 3, 1] and sorted(sum(single, [])) == list(range(10))
 
 
-# three short training runs: 18 s on a 2-core machine, for each training order
-@pytest.mark.parametrize("grouped", ["false", "true"])
-def test_killed_and_resumed_run_equals_the_uninterrupted_run(tiny_listops_overrides, tmp_path, grouped):
-    # 64 train examples / batch 16 = 4 batches per epoch; last.ckpt every 3 steps. Killed at step 5 (in epoch 1),
-    # the run resumes from step 3 (3 of epoch 0's 4 batches done; steps 4-5 are redone) and crosses two epoch ends.
-    overrides = [*tiny_listops_overrides, "trainer.max_steps=10", "task.eval_every=3", "seed=5", f"task.group_by_length={grouped}",
-                 "+callbacks.faults._target_=tests.faults.Faults"]
+# (fault env var, step, training order, exit code, the step it resumes from). 64 train examples / batch 16 = 4
+# batches per epoch; last.ckpt every 3 steps. SIGKILL at step 5 (in epoch 1): no exception checkpoint, the run
+# resumes from step 3 (3 of epoch 0's 4 batches done; steps 4-5 are redone) and crosses two epoch ends. Ctrl-C
+# (SIGINT) at step 5: the step is finished and saved, the run resumes there; during the validation after step 6:
+# the validation is finished first; pressed twice: stopped at once, the run resumes from step 3 as after a SIGKILL.
+FAULTS = [
+    ("SIGKILL", 5, "false", -signal.SIGKILL, 3),
+    ("SIGKILL", 5, "true", -signal.SIGKILL, 3),
+    ("SIGINT", 5, "false", 128 + signal.SIGINT, 5),
+    ("SIGINT_IN_VALIDATION", 6, "false", 128 + signal.SIGINT, 6),
+    ("SIGINT_TWICE", 5, "false", 128 + signal.SIGINT, 3),
+]
 
-    def train(run_dir, env=None):
+
+@pytest.fixture(scope="module")
+def train_run(tiny_listops, tmp_path_factory):
+    """``train_run(run_dir, grouped, env)``: the 10-step training run of these tests; the uninterrupted run of each
+    training order (``run_dir`` None) is trained once for every fault."""
+    cache, uninterrupted = tmp_path_factory.mktemp("cache"), {}
+
+    def train(run_dir, grouped: str, env=None):
+        if run_dir is None:
+            if grouped not in uninterrupted:
+                uninterrupted[grouped] = tmp_path_factory.mktemp(f"uninterrupted_grouped_{grouped}")
+                done = train(uninterrupted[grouped], grouped)
+                assert done.returncode == 0, done.stderr[-3000:]
+            return uninterrupted[grouped]
+        overrides = ["task=listops_small", f"task.data_dir={tiny_listops}", f"paths.cache_dir={cache}",
+                     "task.batch_size=16", "task.warmup_steps=2", "logger=csv", "trainer.max_steps=10", "task.eval_every=3", "seed=5",
+                     f"task.group_by_length={grouped}", "+callbacks.faults._target_=tests.faults.Faults"]
         return run_cli(["-m", "lra.train", *overrides, f"hydra.run.dir={run_dir}"], timeout=1800, env=env)
 
-    whole = train(tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    killed = train(tmp_path / "resumed", env={"LRA_FAULT_SIGKILL_AT": "5"})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    checkpoint = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert checkpoint["global_step"] == 3
-    resumed = train(tmp_path / "resumed")
+    return train
+
+
+def outcome(run_dir) -> dict:
+    """What a run leaves: its record, its final weights and its metrics.csv."""
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return {"results": json.loads((run_dir / "results.json").read_text()), "weights": last["state_dict"],
+            "metrics": (run_dir / "csv" / "version_0" / "metrics.csv").read_text()}
+
+
+@pytest.mark.parametrize("fault, step, grouped, returncode, resumed_from", FAULTS)
+def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_path, fault, step, grouped, returncode,
+                                                              resumed_from):
+    run_dir = tmp_path / "resumed"
+    stopped = train_run(run_dir, grouped, env={f"LRA_FAULT_{fault}_AT": str(step)})
+    assert stopped.returncode == returncode, stopped.stderr[-3000:]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == resumed_from
+    if fault.startswith("SIGINT"):  # Ctrl-C: recorded and explained like SIGTERM, not Lightning's KeyboardInterrupt
+        record = json.loads((run_dir / "results.json").read_text())
+        assert record["status"] == "interrupted" and record["steps"] == step
+        cause = "a second SIGINT (Ctrl-C), at once" if fault == "SIGINT_TWICE" else "SIGINT (Ctrl-C) at"
+        assert f"[lra] INTERRUPTED by {cause}" in stopped.stdout
+        hint = f"re-run the same command with hydra.run.dir={run_dir} to resume from {run_dir / 'checkpoints'}"
+        assert hint in stopped.stdout
+        # The step's own checkpoint; after a validation last.ckpt is that step's already; a second Ctrl-C saves nothing
+        interrupted = [path.name for path in (run_dir / "checkpoints").glob("interrupted-*.ckpt")]
+        assert interrupted == ([f"interrupted-{step}.ckpt"] if fault == "SIGINT" else [])
+        assert "KeyboardInterrupt" not in stopped.stdout + stopped.stderr
+    resumed = train_run(run_dir, grouped)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stdout and "not resumable" not in resumed.stderr
-    # The progress bar of the restarted epoch names it and starts at its 4th batch (lra.callbacks.ResumingProgressBar)
-    assert "Epoch 0:  75%|" in resumed.stdout and "3/4 [" in resumed.stdout
+    assert f"resuming from {run_dir / 'checkpoints'}" in resumed.stdout and f"(step {resumed_from})" in resumed.stdout
+    assert "not resumable" not in resumed.stderr
+    if resumed_from == 3:  # the progress bar of the restarted epoch names it and starts at its 4th batch
+        assert "Epoch 0:  75%|" in resumed.stdout and "3/4 [" in resumed.stdout  # (lra.callbacks.ResumingProgressBar)
     assert re.search(r"-[0-9.]+it/s", resumed.stdout) is None  # no negative rate where epoch 1 resets the bar
 
-    results = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in ("whole", "resumed")}
-    assert results["resumed"]["resumed_from_step"] == 3 and results["resumed"]["steps"] == results["whole"]["steps"] == 10
-    assert results["resumed"]["test_acc"] == results["whole"]["test_acc"]
-    assert results["resumed"]["val_acc_best"] == results["whole"]["val_acc_best"]
-    weights = {name: torch.load(tmp_path / name / "checkpoints" / "last.ckpt", map_location="cpu",
-                                weights_only=False)["state_dict"] for name in ("whole", "resumed")}
-    assert weights["whole"].keys() == weights["resumed"].keys()
-    assert all(torch.equal(weights["whole"][key], weights["resumed"][key]) for key in weights["whole"])
+    whole, again = outcome(train_run(None, grouped)), outcome(run_dir)
+    assert again["results"]["resumed_from_step"] == resumed_from
+    assert again["results"]["steps"] == whole["results"]["steps"] == 10
+    for key in ("test_acc", "val_acc_best", "val_curve"):
+        assert again["results"][key] == whole["results"][key], key
+    assert [point[0] for point in again["results"]["val_curve"]] == [3, 6, 9, 10]
+    assert again["metrics"] == whole["metrics"]
+    assert whole["weights"].keys() == again["weights"].keys()
+    assert all(torch.equal(whole["weights"][key], again["weights"][key]) for key in whole["weights"])

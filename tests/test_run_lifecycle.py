@@ -2,9 +2,10 @@
 
 - a completed run (or sweep) re-run into its dir is skipped and its results.json is kept byte for byte;
 - a run killed after its last step resumes there and tests the best checkpoint (which exists);
-- SIGTERM records ``status: interrupted`` with the step and exits 143; a sweep also lists the jobs it
+- SIGTERM and Ctrl-C record ``status: interrupted`` with the step and exit 143 / 130; a sweep also lists the jobs it
   never started (``not_started``) and re-running it finishes only those;
 - a NaN loss, an empty split and settings with which no evaluation runs stop with the key to fix;
+- a failure prints ``[lra] FAILED: ...`` last and writes its traceback to ``error.log``;
 - ``lra.evaluate`` writes under ``outputs/evaluations``.
 """
 
@@ -22,7 +23,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from lra import REPO_ROOT
-from lra.train import SIGTERM_EXIT_CODE, validate
+from lra.interrupts import SIGTERM_EXIT_CODE, exit_code
+from lra.train import validate
 from tests.conftest import CONFIG_DIR, compose_config, run_cli
 
 
@@ -41,9 +43,16 @@ def start(args: list[str]) -> subprocess.Popen:
     ("seed=1.5", "seed must be an integer (got 1.5)"),
     ("task.max_length=0", "task.max_length must be an integer >= 1 (got 0)"),
     ("trainer.max_steps=abc", "trainer.max_steps must be an integer >= 1 (got 'abc')"),
+    ("model.dropout=1.5", "model.dropout must be a probability in [0, 1) (got 1.5)"),
+    ("attention.dropout=-0.1", "attention.dropout must be a probability in [0, 1) (got -0.1)"),
+    ("attention.dropout=1", "attention.dropout must be a probability in [0, 1) (got 1)"),
+    ("model.dropout=abc", "model.dropout must be a probability in [0, 1) (got 'abc')"),
+    ("model=mega model.block.attention_dropout=2",
+     "model.block.attention_dropout must be a probability in [0, 1) (got 2)"),
 ])
 def test_bad_settings_name_the_key_and_the_fix(override, message, tmp_path):
-    cfg = compose_config(["task=listops_small", "task.eval_every=5", "trainer.max_steps=10", override], tmp_path)
+    overrides = ["task=listops_small", "task.eval_every=5", "trainer.max_steps=10", *override.split()]
+    cfg = compose_config(overrides, tmp_path)
     with pytest.raises(ValueError) as error:
         validate(cfg)
     text = str(error.value)
@@ -143,16 +152,41 @@ def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished
     assert [(job / "results.json").read_bytes() for job in (job0, job1)] == kept
 
 
-def test_sigterm_before_training_starts_is_an_interruption(tiny_listops_overrides, tmp_path):
-    """SIGTERM while the run is set up (outside Lightning's handler) is recorded as an interruption too."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_before_training_starts_is_an_interruption(tiny_listops_overrides, tmp_path, signum):
+    """SIGTERM or Ctrl-C while the run is set up (outside Lightning's handler) is recorded as an interruption too."""
     proc = start(["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={tmp_path}"])
     first_line = proc.stdout.readline()  # "[lra] run dir: ..." is printed once the handler is in place
     assert "run dir:" in first_line
-    os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid, signum)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == SIGTERM_EXIT_CODE, err[-3000:]
-    assert "[lra] INTERRUPTED by SIGTERM" in out
+    assert proc.returncode == exit_code(signum), err[-3000:]
+    assert f"[lra] INTERRUPTED by {signal.Signals(signum).name}" in out
+    assert f"re-run the same command with hydra.run.dir={tmp_path} to start it again" in out
+    assert "KeyboardInterrupt" not in out + err
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "interrupted"
+
+
+def test_a_failure_prints_its_line_last_and_its_traceback_to_error_log(tiny_listops_overrides, tmp_path):
+    """The clear line is the last thing on the console (stdout and stderr together); the traceback is in
+    ``error.log``, and on the console too with HYDRA_FULL_ERROR=1."""
+    command = [sys.executable, "-m", "lra.train", *tiny_listops_overrides, "+attention.num_landmark=32",
+               f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    for full_error in (None, "1"):
+        run_env = env if full_error is None else {**env, "HYDRA_FULL_ERROR": full_error}
+        proc = subprocess.run(command, cwd=REPO_ROOT, env=run_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=600)
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        lines = proc.stdout.strip().splitlines()
+        assert lines[-1].startswith("[lra] FAILED: ValueError: attention.num_landmark is not a key of attention=softmax "
+                                    "(attention.softmax.SoftmaxAttention): the keys it takes: dropout")
+        assert f"traceback in {tmp_path / 'error.log'}" in lines[-1]
+        assert ("Traceback (most recent call last)" in proc.stdout) == (full_error == "1")
+        assert "in check_keys" in (tmp_path / "error.log").read_text()
+        record = json.loads((tmp_path / "results.json").read_text())
+        assert record["status"] == "failed" and record["error"].startswith("ValueError: attention.num_landmark")
 
 
 def test_evaluate_writes_under_outputs_evaluations():

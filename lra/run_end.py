@@ -1,0 +1,82 @@
+"""How a run that does not complete ends: its record in ``results.json``, its traceback in ``error.log``, and the
+one line a user reads, printed last (``lra.train.main`` prints it after the loggers have closed).
+
+A run may write its record only where it is the run dir's run (``owner``), or where the dir holds no checkpoints
+(nothing to mix up): a run refused at the door leaves another run's record alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from lra.checkpoints import DiskFull, is_disk_full
+from lra.interrupts import STOPPING_SIGNALS, StoppedAtOnce, exit_code
+from lra.results import read_results, write_results
+from lra.run_dir import checkpoints
+
+ERROR_LOG = "error.log"
+
+
+def may_write(run_dir: Path, owner: bool) -> bool:
+    return owner or not checkpoints(run_dir)
+
+
+def show_traceback(verbose) -> bool:
+    """Whether the console gets the traceback too: ``HYDRA_FULL_ERROR=1`` (Hydra's switch for it) or
+    ``hydra.verbose=true`` (or a logger name)."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1" or bool(verbose)
+
+
+def failure(run_dir: Path, cfg: DictConfig, error: Exception, owner: bool, verbose) -> str:
+    """Record ``error`` (``status: failed`` and ``error.log``) and return the ``[lra] FAILED:`` line."""
+    details = "".join(traceback.format_exception(error))
+    if show_traceback(verbose):
+        print(details, end="", file=sys.stderr, flush=True)
+    if not may_write(run_dir, owner):
+        where = "nothing written: the run dir holds another run's checkpoints"
+    else:
+        where = write_error(run_dir, cfg, error, details, verbose)
+    fix = ("; free space there, then re-run the same command to resume"
+           if is_disk_full(error) and not isinstance(error, DiskFull) else "")
+    return f"[lra] FAILED: {type(error).__name__}: {error}{fix} ({where})"
+
+
+def write_error(run_dir: Path, cfg: DictConfig, error: Exception, details: str, verbose) -> str:
+    """``error.log`` (the traceback) and ``results.json`` (``status: failed``); what was written, or why not."""
+    try:
+        write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}", steps=getattr(error, "step", None),
+                      val_curve=getattr(error, "val_curve", None), traceback=details)
+        (run_dir / ERROR_LOG).write_text(details)
+    except OSError as write_error:  # a full disk: say so rather than hide the run's error behind this one
+        if not show_traceback(verbose):
+            print(details, end="", file=sys.stderr, flush=True)  # written nowhere else
+        return f"its record not written: {type(write_error).__name__}: {write_error}"
+    hint = "" if show_traceback(verbose) else "; HYDRA_FULL_ERROR=1 also prints it here"
+    return f"traceback in {run_dir / ERROR_LOG}{hint}; record in {run_dir / 'results.json'}"
+
+
+def interruption(run_dir: Path, cfg: DictConfig, error: BaseException, owner: bool, signum: int | None,
+                 same_dir: str) -> tuple[str, int]:
+    """Record the stop (``status: interrupted`` with the step and the curve so far) and return the
+    ``[lra] INTERRUPTED`` line and the exit code."""
+    signum = signum or signal.SIGTERM  # Lightning's own SIGTERMException, raised where no handler of ours ran
+    cause = STOPPING_SIGNALS[signum]
+    if isinstance(error, StoppedAtOnce):
+        cause = "a second SIGINT (Ctrl-C), at once, saving nothing more"
+    step, pretrain_step = getattr(error, "step", None), getattr(error, "pretrain_step", None)
+    path = run_dir / "results.json"
+    if may_write(run_dir, owner) and (read_results(run_dir) or {}).get("status") != "completed":
+        path = write_results(run_dir, cfg, "interrupted", steps=step, error=cause,
+                             val_curve=getattr(error, "val_curve", None), pretrain_step=pretrain_step)
+    stage_dir, where = (run_dir / "pretrain", f"pretraining step {pretrain_step}") if pretrain_step is not None \
+        else (run_dir, f"step {step}")
+    newest = checkpoints(stage_dir)
+    resume = f"resume from {newest[0]}" if newest else "start it again (no checkpoint was saved yet)"
+    return (f"[lra] INTERRUPTED by {cause} at {where}: {path}; re-run the same command with {same_dir} to {resume}",
+            exit_code(signum))
