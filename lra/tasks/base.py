@@ -97,6 +97,7 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     """Base DataModule: ``read_split(split)`` once, cache it, serve padded batches."""
 
     task_name: str = "task"
+    shortcut: str | None = None  # the task's known shortcut, scored by shortcut_accuracies (None: none known)
 
     def __init__(self, data_dir: str, max_length: int, batch_size: int, cache_dir: str | None, num_workers: int = 0,
                  group_by_length: bool = False):
@@ -128,6 +129,18 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
 
     def check_data(self) -> None:
         """Raise a clear error (what is missing, how to get it) before anything is read."""
+
+    def shortcut_accuracies(self) -> dict[str, float]:
+        """``{split: accuracy}`` of :attr:`shortcut` on every split but train (the splits are loaded); none here."""
+        return {}
+
+    def shortcut_record(self) -> dict[str, Any]:
+        """``results.json``'s ``shortcut`` (what it is) and ``shortcut_<split>_acc`` per evaluated split, so a report
+        prints the level a model is read against without the data; {} for a task with no known shortcut."""
+        if self.shortcut is None:
+            return {}
+        return {"shortcut": self.shortcut,
+                **{f"shortcut_{split}_acc": accuracy for split, accuracy in self.shortcut_accuracies().items()}}
 
     def split_source(self, split: str) -> str:
         """Where ``split`` is read from, for error messages (override with the file's name)."""
