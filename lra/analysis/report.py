@@ -1,6 +1,5 @@
 """The paper tables: ``python -m lra.analysis.report <run or sweep dir(s)> [--format markdown|latex|csv]
-[--columns NAMES|all] [--out FILE] [--baseline ROW] [--plot FILE] [--curves FILE]`` (``python -m lra.report``
-and ``lra-report`` run this too).
+[--columns NAMES|all] [--out FILE] [--baseline ROW] [--plot FILE] [--curves FILE]`` (``lra-report`` runs this too).
 
 Reads every run under the given directories (:mod:`lra.analysis.report_runs`; unreadable records are skipped
 with a warning), optionally the runs of a W&B group (``--wandb ENTITY/PROJECT --group NAME``, needs network),
