@@ -29,6 +29,7 @@ import random
 import statistics
 from pathlib import Path
 
+from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
@@ -58,19 +59,21 @@ def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int)
     return rng.randrange(10), 1
 
 
+# An operator's value from its arguments' values: MIN, MAX, MED = int(median) (truncating), SM = sum mod 10.
+APPLY = {
+    "[MIN": min,
+    "[MAX": max,
+    "[MED": lambda values: int(statistics.median(values)),
+    "[SM": lambda values: sum(values) % 10,
+}
+
+
 def evaluate(tree: object) -> int:
-    """Value of a tree: MIN, MAX, MED = int(median) (truncating), SM = sum mod 10."""
+    """Value of a tree (:data:`APPLY` at each operator)."""
     if isinstance(tree, int):
         return tree
     operator, children = tree
-    values = [evaluate(child) for child in children]
-    if operator == "[MIN":
-        return min(values)
-    if operator == "[MAX":
-        return max(values)
-    if operator == "[MED":
-        return int(statistics.median(values))
-    return sum(values) % 10
+    return APPLY[operator]([evaluate(child) for child in children])
 
 
 def to_string(tree: object) -> str:
@@ -249,6 +252,12 @@ class ListOpsDataModule(CachedDataModule):
                         f"task.data_dir at an empty or absent folder, or generate one ('{refused.command}') and point "
                         "task.data_dir at it"
                     ) from None
+
+    def train_dataset(self) -> Dataset:
+        """The train split, rewritten per ``(seed, epoch, index)`` when ``task.augment`` names an augmentation."""
+        if self.augmentation is None:
+            return super().train_dataset()
+        return self.augmentation.dataset(self.splits["train"], self.shuffle_seed, self.split_source("train"))
 
     def read_split(self, split: str) -> TokenizedSplit:
         sequences, labels = read_tsv(Path(self.split_source(split)))
