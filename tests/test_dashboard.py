@@ -153,7 +153,7 @@ def test_published_numbers_are_the_reports_for_the_same_runs():
 
 def test_dry_run_prints_the_spec_without_network(completed):
     run_dir, run = completed
-    proc = run_cli(["-m", "lra.dashboard", "entity/lra-attention", "--group", GROUP, "--runs", str(run_dir),
+    proc = run_cli(["-m", "lra.analysis.dashboard", "entity/lra-attention", "--group", GROUP, "--runs", str(run_dir),
                     "--dry-run"], env=NO_NETWORK)
     assert proc.returncode == 0, proc.stderr[-3000:]
     spec = json.loads(proc.stdout)

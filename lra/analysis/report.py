@@ -1,5 +1,5 @@
 """The paper tables: ``python -m lra.analysis.report <run or sweep dir(s)> [--format md|csv|latex] [--out FILE]
-[--baseline ROW] [--plot FILE] [--curves FILE]`` (``python -m lra.report`` and ``lra-report`` run this too).
+[--baseline ROW] [--plot FILE] [--curves FILE]`` (``lra-report`` runs this too).
 
 Collects every run under the given directories (``results.json``; a Hydra job dir with
 ``.hydra/config.yaml`` but no ``results.json`` is a run that died or is still running: "missing";
