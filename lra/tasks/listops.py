@@ -11,6 +11,9 @@ Format: TSV with header ``Source\\tTarget``; tokenisation maps ``]`` to ``X`` an
 
     python -m lra.tasks.listops generate --out data/listops --train 96000 --val 2000 --test 2000 --seed 0
 
+``generate`` writes only into an empty or absent folder, or over the files it wrote itself with the same
+settings (``generated.json``, :mod:`lra.tasks.generated`); any other file there makes it refuse, naming the file.
+
 Full-size generation also writes ``basic_independent_test.tsv`` (20,000 examples by default,
 ``--independent-test 0`` to skip): drawn after the three official splits from the same seeded
 stream, so it is disjoint from all of them and leaves them unchanged. Training tests the best
@@ -32,10 +35,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
 from lra.tasks.files import atomic_write_text, file_fingerprint, locked
+from lra.tasks.generated import GenerationRefused, Manifest, digest, foreign_file
 
 log = logging.getLogger(__name__)
 
@@ -62,19 +67,21 @@ def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int)
     return rng.randrange(10), 1
 
 
+# An operator's value from its arguments' values: MIN, MAX, MED = int(median) (truncating), SM = sum mod 10.
+APPLY = {
+    "[MIN": min,
+    "[MAX": max,
+    "[MED": lambda values: int(statistics.median(values)),
+    "[SM": lambda values: sum(values) % 10,
+}
+
+
 def evaluate(tree: object) -> int:
-    """Value of a tree: MIN, MAX, MED = int(median) (truncating), SM = sum mod 10."""
+    """Value of a tree (:data:`APPLY` at each operator)."""
     if isinstance(tree, int):
         return tree
     operator, children = tree
-    values = [evaluate(child) for child in children]
-    if operator == "[MIN":
-        return min(values)
-    if operator == "[MAX":
-        return max(values)
-    if operator == "[MED":
-        return int(statistics.median(values))
-    return sum(values) % 10
+    return APPLY[operator]([evaluate(child) for child in children])
 
 
 def to_string(tree: object) -> str:
@@ -95,6 +102,15 @@ def tokenize(source: str) -> list[int]:
 
 
 INDEPENDENT_TEST = "independent_test"
+GENERATOR = "python -m lra.tasks.listops generate"
+
+
+def generate_command(out: Path | str, sizes: dict[str, int], seed: int, min_length: int = 500, max_length: int = 2000,
+                     max_depth: int = 10, max_args: int = 10) -> str:
+    """The command line that runs :func:`generate` with these settings."""
+    return (f"{GENERATOR} --out {out} --train {sizes.get('train', 0)} --val {sizes.get('val', 0)} --test {sizes.get('test', 0)} "
+            f"--independent-test {sizes.get(INDEPENDENT_TEST, 0)} --seed {seed} --min-length {min_length} "
+            f"--max-length {max_length} --max-depth {max_depth} --max-args {max_args}")
 
 
 def generate(
@@ -104,11 +120,20 @@ def generate(
     """Write ``out/basic_<split>.tsv`` for each split of ``sizes`` (in its order), examples unique across all
     splits, each of ``min_length < length < max_length``.
 
-    Each file is written whole or not at all (a temporary file renamed into place), so a killed run
-    never leaves a truncated split that looks complete."""
+    Refuses (:class:`GenerationRefused`, before writing anything) when ``out`` holds a file that a generation with
+    these settings did not write (:func:`lra.tasks.generated.foreign_file`). Each file is written whole or not at all
+    (a temporary file renamed into place), its hash recorded in ``out/generated.json`` first, so a killed run never
+    leaves a truncated split that looks complete, and the next run with the same settings takes over its folder."""
+    out, sizes = Path(out), {split: int(count) for split, count in sizes.items()}
+    settings = dict(sizes=sizes, seed=seed, min_length=min_length, max_length=max_length, max_depth=max_depth, max_args=max_args)
+    recorded = {**settings, "sizes": [[split, count] for split, count in sizes.items()]}  # the split order matters too
+    found = foreign_file(out, GENERATOR, recorded)
+    if found is not None:
+        raise GenerationRefused(out, *found, command=generate_command(out.with_name(out.name + "-generated"), **settings))
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(out, GENERATOR, recorded)
     rng = random.Random(seed)
     seen: set[str] = set()
-    out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=sum(sizes.values()), desc=f"ListOps -> {out}", unit="ex") as progress:
         for split, count in sizes.items():
             rows = []
@@ -122,7 +147,11 @@ def generate(
                 seen.add(source)
                 rows.append(f"{source}\t{evaluate(tree)}")
                 progress.update()
-            atomic_write_text(out / f"basic_{split}.tsv", "\n".join([HEADER, *rows]) + "\n")
+            name, text = f"basic_{split}.tsv", "\n".join([HEADER, *rows]) + "\n"
+            text_digest = digest(text.encode())
+            if not manifest.holds(name, text_digest):  # the same bytes already there keep their mtime (and caches)
+                manifest.record(name, text_digest)
+                atomic_write_text(out / name, text)
 
 
 def first_operator_rule(operators: Sequence[str], labels: Sequence[int]) -> dict[str, int]:
@@ -198,14 +227,25 @@ def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
 
 
 class ListOpsDataModule(CachedDataModule):
-    """ListOps from ``data_dir/basic_{train,val,test}.tsv``; ``generate`` creates missing data first."""
+    """ListOps from ``data_dir/basic_{train,val,test}.tsv``.
+
+    ``generate`` (settings of :func:`generate`, and ``default_dir``, the task's own folder) creates the files when
+    they are missing: into ``default_dir`` silently, into any other ``data_dir`` (a user's path) after a one-line
+    note, and never over a file it did not write (:class:`GenerationRefused` becomes an error naming ``data_dir``).
+    ``augment`` names one of ``augmentations`` (:mod:`lra.tasks.listops_augment`), applied to the train split only."""
 
     task_name = "listops"
     shortcut = FIRST_OPERATOR_CUE
 
-    def __init__(self, *args, generate: dict | None = None, **kwargs):
+    def __init__(self, *args, generate: dict | None = None, augment: str | None = None, augmentations: dict | None = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.generate_settings = dict(generate) if generate else None
+        augmentations = dict(augmentations or {})
+        if augment is not None and augment not in augmentations:
+            raise ValueError(f"task.augment={augment!r} is not a ListOps augmentation: expected null or one of "
+                             f"{', '.join(sorted(augmentations))} (the keys of task.augmentations)")
+        self.augmentation = augmentations[augment] if augment is not None else None
 
     def paths(self) -> dict[str, Path]:
         return {split: self.data_dir / f"basic_{split}.tsv" for split in ("train", "val", "test")}
@@ -232,19 +272,38 @@ class ListOpsDataModule(CachedDataModule):
     def check_data(self) -> None:
         if not self.missing():
             return
-        if self.generate_settings is not None:
-            # parallel runs on a fresh clone: one generates, the others wait and then find the files
-            with locked(self.data_dir.parent / f".{self.data_dir.name}.generate.lock", f"generating {self.data_dir}"):
-                if self.missing():
-                    settings = dict(self.generate_settings)
-                    generate(self.data_dir, settings.pop("sizes"), **settings)
-            return
-        missing = self.missing()
-        raise FileNotFoundError(
-            f"ListOps data not found: {', '.join(missing)}. Download the LRA release into data/ "
-            "(scripts/download_lra.sh, see data/README.md) or generate it with "
-            f"'python -m lra.tasks.listops generate --out {self.data_dir}', or point task.data_dir at your copy."
-        )
+        if self.generate_settings is None:
+            raise FileNotFoundError(
+                f"ListOps data not found: {', '.join(self.missing())}. Download the LRA release into data/ "
+                "(scripts/download_lra.sh, see data/README.md) or generate it with "
+                f"'python -m lra.tasks.listops generate --out {self.data_dir}', or point task.data_dir at your copy."
+            )
+        settings = dict(self.generate_settings)
+        default_dir, sizes = settings.pop("default_dir", None), settings.pop("sizes")
+        fresh = not self.data_dir.exists() or (self.data_dir.is_dir() and not any(self.data_dir.iterdir()))
+        if fresh and (default_dir is None or self.data_dir.resolve() != Path(default_dir).resolve()):
+            state = "is empty" if self.data_dir.exists() else "does not exist"
+            print(f"[lra] note: task.data_dir={self.data_dir} {state}: generating a synthetic ListOps set there "
+                  f"({', '.join(f'{split} {count}' for split, count in sizes.items())}; seed {settings.get('seed')})", flush=True)
+        # parallel runs on a fresh clone: one generates, the others wait and then find the files
+        with locked(self.data_dir.parent / f".{self.data_dir.name}.generate.lock", f"generating {self.data_dir}"):
+            if self.missing():
+                try:
+                    generate(self.data_dir, sizes, **settings)
+                except GenerationRefused as refused:
+                    raise FileExistsError(
+                        f"ListOps data in task.data_dir={self.data_dir} is incomplete ({', '.join(Path(m).name for m in self.missing())} "
+                        f"missing), and generating it would overwrite {refused.name}, {refused.why}; nothing was written. "
+                        "To train on your own data, add the missing file(s) there. To train on a generated set, point "
+                        f"task.data_dir at an empty or absent folder, or generate one ('{refused.command}') and point "
+                        "task.data_dir at it"
+                    ) from None
+
+    def train_dataset(self) -> Dataset:
+        """The train split, rewritten per ``(seed, epoch, index)`` when ``task.augment`` names an augmentation."""
+        if self.augmentation is None:
+            return super().train_dataset()
+        return self.augmentation.dataset(self.splits["train"], self.shuffle_seed, self.split_source("train"))
 
     def read_split(self, split: str) -> TokenizedSplit:
         sequences, labels = read_tsv(Path(self.split_source(split)))
@@ -279,10 +338,13 @@ def main(argv: list[str] | None = None) -> None:
     sizes = {"train": args.train, "val": args.val, "test": args.test}
     if args.independent_test > 0:
         sizes[INDEPENDENT_TEST] = args.independent_test
-    generate(
-        args.out, sizes, seed=args.seed,
-        min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth, max_args=args.max_args,
-    )
+    try:
+        generate(
+            args.out, sizes, seed=args.seed,
+            min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth, max_args=args.max_args,
+        )
+    except GenerationRefused as refused:
+        parser.exit(1, f"{parser.prog}: {refused}\n")
 
 
 if __name__ == "__main__":
