@@ -117,36 +117,42 @@ def test_group_by_length_keeps_a_short_last_batch_last_and_shares_global_batches
     assert [len(b) for b in single] == [3, 3, 3, 1] and sorted(sum(single, [])) == list(range(10))
 
 
+# Training orders: shuffled, grouped by length, and grouped with most examples rewritten (the rewrites of the redone
+# steps and of epoch 1 are drawn again from (seed, epoch, index)).
+SETTINGS = {"shuffled": ["task.group_by_length=false"], "grouped": ["task.group_by_length=true"],
+            "augmented": ["task.group_by_length=true", "task.augment=collapse",
+                          "task.augmentations.collapse.intercept=-1.0"]}
 # (fault env var, step, training order, exit code, the step it resumes from). 64 train examples / batch 16 = 4
 # batches per epoch; last.ckpt every 3 steps. SIGKILL at step 5 (in epoch 1): no exception checkpoint, the run
 # resumes from step 3 (3 of epoch 0's 4 batches done; steps 4-5 are redone) and crosses two epoch ends. Ctrl-C
 # (SIGINT) at step 5: the step is finished and saved, the run resumes there; during the validation after step 6:
 # the validation is finished first; pressed twice: stopped at once, the run resumes from step 3 as after a SIGKILL.
 FAULTS = [
-    ("SIGKILL", 5, "false", -signal.SIGKILL, 3),
-    ("SIGKILL", 5, "true", -signal.SIGKILL, 3),
-    ("SIGINT", 5, "false", 128 + signal.SIGINT, 5),
-    ("SIGINT_IN_VALIDATION", 6, "false", 128 + signal.SIGINT, 6),
-    ("SIGINT_TWICE", 5, "false", 128 + signal.SIGINT, 3),
+    ("SIGKILL", 5, "shuffled", -signal.SIGKILL, 3),
+    ("SIGKILL", 5, "grouped", -signal.SIGKILL, 3),
+    ("SIGKILL", 5, "augmented", -signal.SIGKILL, 3),
+    ("SIGINT", 5, "shuffled", 128 + signal.SIGINT, 5),
+    ("SIGINT_IN_VALIDATION", 6, "shuffled", 128 + signal.SIGINT, 6),
+    ("SIGINT_TWICE", 5, "shuffled", 128 + signal.SIGINT, 3),
 ]
 
 
 @pytest.fixture(scope="module")
 def train_run(tiny_listops, tmp_path_factory):
-    """``train_run(run_dir, grouped, env)``: the 10-step training run of these tests; the uninterrupted run of each
-    training order (``run_dir`` None) is trained once for every fault."""
+    """``train_run(run_dir, order, env)``: the 10-step training run of these tests in a training order of
+    :data:`SETTINGS`; the uninterrupted run of each order (``run_dir`` None) is trained once for every fault."""
     cache, uninterrupted = tmp_path_factory.mktemp("cache"), {}
 
-    def train(run_dir, grouped: str, env=None):
+    def train(run_dir, order: str, env=None):
         if run_dir is None:
-            if grouped not in uninterrupted:
-                uninterrupted[grouped] = tmp_path_factory.mktemp(f"uninterrupted_grouped_{grouped}")
-                done = train(uninterrupted[grouped], grouped)
+            if order not in uninterrupted:
+                uninterrupted[order] = tmp_path_factory.mktemp(f"uninterrupted_{order}")
+                done = train(uninterrupted[order], order)
                 assert done.returncode == 0, done.stderr[-3000:]
-            return uninterrupted[grouped]
+            return uninterrupted[order]
         overrides = ["task=listops_small", f"task.data_dir={tiny_listops}", f"paths.cache_dir={cache}",
-                     "task.batch_size=16", "task.warmup_steps=2", "logger=csv", "trainer.max_steps=10", "task.eval_every=3", "seed=5",
-                     f"task.group_by_length={grouped}", "+callbacks.faults._target_=tests.faults.Faults"]
+                     "task.batch_size=16", "task.warmup_steps=2", "logger=csv", "trainer.max_steps=10",
+                     "task.eval_every=3", "seed=5", *SETTINGS[order], "+callbacks.faults._target_=tests.faults.Faults"]
         return run_cli(["-m", "lra.train", *overrides, f"hydra.run.dir={run_dir}"], timeout=1800, env=env)
 
     return train
@@ -159,11 +165,11 @@ def outcome(run_dir) -> dict:
             "metrics": (run_dir / "csv" / "version_0" / "metrics.csv").read_text()}
 
 
-@pytest.mark.parametrize("fault, step, grouped, returncode, resumed_from", FAULTS)
-def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_path, fault, step, grouped, returncode,
+@pytest.mark.parametrize("fault, step, order, returncode, resumed_from", FAULTS)
+def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_path, fault, step, order, returncode,
                                                               resumed_from):
     run_dir = tmp_path / "resumed"
-    stopped = train_run(run_dir, grouped, env={f"LRA_FAULT_{fault}_AT": str(step)})
+    stopped = train_run(run_dir, order, env={f"LRA_FAULT_{fault}_AT": str(step)})
     assert stopped.returncode == returncode, stopped.stderr[-3000:]
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == resumed_from
@@ -178,7 +184,7 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_pat
         interrupted = [path.name for path in (run_dir / "checkpoints").glob("interrupted-*.ckpt")]
         assert interrupted == ([f"interrupted-{step}.ckpt"] if fault == "SIGINT" else [])
         assert "KeyboardInterrupt" not in stopped.stdout + stopped.stderr
-    resumed = train_run(run_dir, grouped)
+    resumed = train_run(run_dir, order)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {run_dir / 'checkpoints'}" in resumed.stdout and f"(step {resumed_from})" in resumed.stdout
     assert "not resumable" not in resumed.stderr
@@ -186,7 +192,7 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_pat
         assert "Epoch 0:  75%|" in resumed.stdout and "3/4 [" in resumed.stdout  # (lra.callbacks.ResumingProgressBar)
     assert re.search(r"-[0-9.]+it/s", resumed.stdout) is None  # no negative rate where epoch 1 resets the bar
 
-    whole, again = outcome(train_run(None, grouped)), outcome(run_dir)
+    whole, again = outcome(train_run(None, order)), outcome(run_dir)
     assert again["results"]["resumed_from_step"] == resumed_from
     assert again["results"]["steps"] == whole["results"]["steps"] == 10
     for key in ("test_acc", "val_acc_best", "val_curve"):
