@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lra.interrupts import StoppedAtOnce
 
@@ -121,13 +122,14 @@ class ResumingProgressBar(TQDMProgressBar):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """``last.ckpt`` after every validation, at the end of training, and on an exception, SIGTERM or Ctrl-C
+    """``last.ckpt`` after every validation, at the end of training, and on SIGTERM or Ctrl-C
     (``interrupted-<step>.ckpt`` beside it); re-running into the run dir resumes from it.
 
     Saved after the validation of its step (Lightning's step-based saving comes before it), so the best
-    checkpoint it names still exists; keep it after the best-checkpoint callback in the config. Not saved
-    when the loss went non-finite (:class:`NonFiniteLossError`): a NaN model is not worth resuming, nor on an
-    error before training started (nothing new to keep).
+    checkpoint it names still exists; keep it after the best-checkpoint callback in the config. Not saved on
+    an error (a NaN loss, an out-of-memory, a second Ctrl-C): it lands in the middle of a step, whose state counts
+    the step in flight on one side and not on the other, so a resume from it would be off by one step; the re-run
+    resumes from the last checkpoint saved whole instead.
     Lightning's ``save_last`` on a monitored checkpoint only writes when the score improves, hence this class.
     """
 
@@ -153,11 +155,12 @@ class LastCheckpoint(ModelCheckpoint):
         self.training_started = True  # after any resume has restored its checkpoint and the loader's position
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """Save the state trained so far, but only once training ran: an error while a checkpoint is restored
-        (a resume refused by the train loader) would otherwise overwrite the run's checkpoints with a fresh model.
-        Nor on a second Ctrl-C (:class:`lra.interrupts.StoppedAtOnce`): it lands mid-step, a state not to resume.
-        A save that fails (a full disk) is reported and leaves the older checkpoints as they were."""
-        if isinstance(exception, (NonFiniteLossError, StoppedAtOnce)) or not getattr(self, "training_started", False):
+        """Save the state trained so far on a graceful stop (SIGTERM or a first Ctrl-C: Lightning raises
+        ``SIGTERMException`` between steps, :mod:`lra.interrupts`), but only once training ran: a stop while a
+        checkpoint is restored would otherwise overwrite the run's checkpoints with a fresh model. A save that
+        fails (a full disk) is reported and leaves the older checkpoints as they were."""
+        graceful = isinstance(exception, SIGTERMException) and not isinstance(exception, StoppedAtOnce)
+        if not graceful or not getattr(self, "training_started", False):
             return
         try:
             super().on_exception(trainer, pl_module, exception)

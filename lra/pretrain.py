@@ -143,7 +143,7 @@ class PretrainModule(L.LightningModule):
 
 class PretrainCheckpoint(LastCheckpoint):
     """:class:`lra.callbacks.LastCheckpoint` for a stage without validation: ``last.ckpt`` every ``every`` steps,
-    at the end, and on an exception or SIGTERM (``interrupted-<step>.ckpt`` too)."""
+    at the end, and on SIGTERM or Ctrl-C (``interrupted-<step>.ckpt`` too)."""
 
     def __init__(self, dirpath: str, every: int):
         super().__init__(dirpath=dirpath)

@@ -43,6 +43,12 @@ class RunDirInUse(SystemExit):
     """Another process holds the dir; nothing in it was written."""
 
 
+def absolute(directory) -> Path:
+    """``directory`` as Hydra names a job's output dir (``os.path.abspath``: ``..`` resolved, links kept), so the
+    Hydra callback and the job agree on which dir this process holds."""
+    return Path(os.path.abspath(str(directory)))
+
+
 def holder_of(lock: Path) -> str:
     """The holder's record in ``lock``: pid, host, start time and command."""
     try:
@@ -87,7 +93,7 @@ def refusal(directory: Path, key: str, lock: Path) -> RunDirInUse:
 def hold(directory: Path, key: str) -> bool:
     """Make this process the owner of ``directory`` (rank 0 only), or raise :class:`RunDirInUse` naming the holder.
     True when this call took the lock, False when this process already held it (or is not rank 0)."""
-    directory = Path(directory).absolute()
+    directory = absolute(directory)
     if rank_zero_only.rank != 0 or directory in held:
         return False
     directory.mkdir(parents=True, exist_ok=True)
@@ -108,7 +114,7 @@ def hold(directory: Path, key: str) -> bool:
 
 def release(directory: Path) -> None:
     """Give up this process's lock on ``directory`` (a sweep's jobs, run one after another in one process)."""
-    descriptor = held.pop(Path(directory).absolute(), None)
+    descriptor = held.pop(absolute(directory), None)
     if descriptor is not None:
         os.close(descriptor)
 
@@ -117,7 +123,7 @@ def refuse_if_held(directory: Path, key: str, locks) -> None:
     """Raise :class:`RunDirInUse` when another process holds one of ``locks``."""
     for lock in locks:
         if held_by_another(lock):
-            raise refusal(Path(directory).absolute(), key, lock)
+            raise refusal(absolute(directory), key, lock)
 
 
 class RunDirOwner(Callback):
@@ -126,10 +132,10 @@ class RunDirOwner(Callback):
     (:func:`lra.hydra_callbacks.require_writable`, which makes it), then locks it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.own(Path(str(config.hydra.run.dir)).absolute(), "hydra.run.dir", below=False)
+        self.own(absolute(config.hydra.run.dir), "hydra.run.dir", below=False)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.own(Path(str(config.hydra.sweep.dir)).absolute(), "hydra.sweep.dir", below=True)
+        self.own(absolute(config.hydra.sweep.dir), "hydra.sweep.dir", below=True)
 
     @staticmethod
     def own(directory: Path, key: str, below: bool) -> None:

@@ -9,6 +9,8 @@ with other settings is refused):
 - ``LRA_FAULT_SIGINT_TWICE_AT=<step>``: SIGINT it twice (Ctrl-C pressed again: it stops at once);
 - ``LRA_FAULT_SIGINT_IN_VALIDATION_AT=<step>``: SIGINT it during the validation after that step (after its first
   batch);
+- ``LRA_FAULT_ERROR_AT=<step>``: raise ``RuntimeError`` in the middle of the step after that one (its batch
+  fetched, not trained: an out-of-memory, a bug);
 - ``LRA_FAULT_ENOSPC_AT=<step>``: from that step on the disk is full: every checkpoint save writes part of the
   file, then the file's write fails with ``OSError(ENOSPC)``, which ``torch.save`` reports as its ``RuntimeError``.
 """
@@ -51,6 +53,10 @@ def send(signum: int) -> None:
 
 
 class Faults(L.Callback):
+    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == fault_step("ERROR"):
+            raise RuntimeError(f"fault injected in the middle of step {trainer.global_step + 1}")
+
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         step = trainer.global_step
         if step == fault_step("SIGKILL"):

@@ -126,7 +126,8 @@ SETTINGS = {"shuffled": ["task.group_by_length=false"], "grouped": ["task.group_
 # batches per epoch; last.ckpt every 3 steps. SIGKILL at step 5 (in epoch 1): no exception checkpoint, the run
 # resumes from step 3 (3 of epoch 0's 4 batches done; steps 4-5 are redone) and crosses two epoch ends. Ctrl-C
 # (SIGINT) at step 5: the step is finished and saved, the run resumes there; during the validation after step 6:
-# the validation is finished first; pressed twice: stopped at once, the run resumes from step 3 as after a SIGKILL.
+# the validation is finished first; pressed twice: stopped at once, the run resumes from step 3 as after a SIGKILL,
+# and so does a run that failed in the middle of step 6 (its state there would resume off by one step).
 FAULTS = [
     ("SIGKILL", 5, "shuffled", -signal.SIGKILL, 3),
     ("SIGKILL", 5, "grouped", -signal.SIGKILL, 3),
@@ -134,6 +135,7 @@ FAULTS = [
     ("SIGINT", 5, "shuffled", 128 + signal.SIGINT, 5),
     ("SIGINT_IN_VALIDATION", 6, "shuffled", 128 + signal.SIGINT, 6),
     ("SIGINT_TWICE", 5, "shuffled", 128 + signal.SIGINT, 3),
+    ("ERROR", 5, "shuffled", 1, 3),
 ]
 
 
@@ -173,6 +175,7 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_pat
     assert stopped.returncode == returncode, stopped.stderr[-3000:]
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == resumed_from
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
     if fault.startswith("SIGINT"):  # Ctrl-C: recorded and explained like SIGTERM, not Lightning's KeyboardInterrupt
         record = json.loads((run_dir / "results.json").read_text())
         assert record["status"] == "interrupted" and record["steps"] == step
