@@ -70,7 +70,7 @@ def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head"
             m = a.shape[-1]
             norm = start_norm(a, init) if init == "global" else None  # per_head: the kernel takes each matrix's norms
             return fused_pinv(a.reshape(-1, m, m), n_iter, norm).reshape(a.shape)
-    return pytorch_pinv(matrix, n_iter, init)
+    return pytorch_pinv(a, n_iter, init)
 
 
 def check_arguments(matrix: torch.Tensor, n_iter: int, init: str) -> None:

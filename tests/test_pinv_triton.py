@@ -145,38 +145,49 @@ def test_rejects_what_the_kernels_cannot_take():
 # ---- ahead-of-time compilation for sm_80 (A100) and sm_90 (H100), no GPU needed ----------------------------
 
 AOT = pytest.mark.skipif(INTERPRETED, reason="kernels defined under the interpreter cannot be compiled for a GPU")
-FAST_AOT = [(kernel, 80, m) for kernel in launch.KERNELS for m in (16, 32)]
-SLOW_AOT = [(kernel, capability, m) for kernel in launch.KERNELS for capability in launch.CHECKED_CAPABILITIES
-            for m in (16, 32, 64) if (kernel, capability, m) not in FAST_AOT]
+# (kernel, architecture, m, global norm, iterates saved): the per-head training launch, and the global-norm
+# inference one (another constexpr combination, so another compile)
+VARIANTS = ((False, True), (True, False))
+FAST_AOT = [(kernel, 80, m, *variant) for kernel in launch.KERNELS for m in (16, 32) for variant in VARIANTS
+            if m == 32 or variant == VARIANTS[0]]
+SLOW_AOT = [(kernel, capability, m, *variant) for kernel in launch.KERNELS
+            for capability in launch.CHECKED_CAPABILITIES for m in (16, 32, 64) for variant in VARIANTS
+            if (kernel, capability, m, *variant) not in FAST_AOT]
+
+
+def case_id(case) -> str:
+    kernel, capability, m, has_norm, save = case
+    unsaved = not save and kernel == "_pinv_fwd"  # (the backward has no such constexpr)
+    return f"{kernel}-sm{capability}-m{m}" + ("-global" if has_norm else "") + ("-nosave" if unsaved else "")
 
 
 @functools.lru_cache(maxsize=None)
 def compiled(case):
-    kernel, capability, m = case
-    return launch.compile_kernel(kernel, capability, m)
+    kernel, capability, m, has_norm, save = case
+    return launch.compile_kernel(kernel, capability, m, has_norm, save)
 
 
 def check_compiled(case) -> None:
     """Compiles, fits the architecture's shared memory, and spills no registers at the sizes
     :data:`kernels.pinv.launch.SPILL_FREE` lists (larger sizes print their spills)."""
-    kernel, capability, m = case
+    kernel, capability, m = case[:3]
     result = compiled(case)
-    print(f"{kernel} sm_{capability} m={m} {result.config.options}: shared {result.shared:,} B, "
+    print(f"{case_id(case)} {result.config.options}: shared {result.shared:,} B, "
           f"{result.registers} registers, stack {result.stack} B")
     assert result.shared <= SHARED_MEMORY_LIMIT[capability], result
     if m in launch.SPILL_FREE[kernel]:
-        assert result.stack == 0, f"{kernel} sm_{capability} m={m}: {result.stack} B of spills; re-measure launch.WARPS"
+        assert result.stack == 0, f"{case_id(case)}: {result.stack} B of spills; re-measure launch.WARPS"
 
 
 @AOT
-@pytest.mark.parametrize("case", FAST_AOT, ids=lambda c: f"{c[0]}-sm{c[1]}-m{c[2]}")
+@pytest.mark.parametrize("case", FAST_AOT, ids=case_id)
 def test_aot_compiles_small_problems_without_spills(case):
     check_compiled(case)
 
 
 @AOT
 @pytest.mark.slow
-@pytest.mark.parametrize("case", SLOW_AOT, ids=lambda c: f"{c[0]}-sm{c[1]}-m{c[2]}")
+@pytest.mark.parametrize("case", SLOW_AOT, ids=case_id)
 def test_aot_compiles_every_size_for_both_architectures(case):
     check_compiled(case)
 
