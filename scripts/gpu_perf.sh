@@ -2,7 +2,8 @@
 # The GPU figures of the efficient-attention speed table, in two parts that each fit a short GPU loan:
 # `scripts/gpu_perf.sh speed [OUT_DIR]` (the default, about 6 minutes on an H100/H200): steps 1-3 eager;
 # `scripts/gpu_perf.sh compiled [OUT_DIR]` (about 6 more): step 3 compiled, steps 4-5.
-#   1. kernel launches per attention layer forward + backward (meta device, as the CUDA path runs)
+#   1. kernel launches per attention layer forward + backward (meta device, as the CUDA path runs), and the fused
+#      pseudo-inverse against its PyTorch form (lra.bench pinv)
 #   2. attention forward + backward, bf16, B 8, H 2, d 32, n 1024..16384 (CUR, FlashCUR, Nyström vs SDPA and the
 #      materialised Transformer), then the CUR paper's Fig. 4 shapes: B 64, H 16, d 64, m 64, n 1024..4096
 #   3. training samples/s and peak memory, bf16, Text n 4096 and ListOps n 2000, batch 32, in the CUR paper's
@@ -52,6 +53,7 @@ step() {  # step NAME SECONDS COMMAND...: run under timeout, log to $OUT/NAME.lo
 
 if [[ $PART == speed ]]; then
   step launches "$T" "$PYTHON" -m lra.bench launches --out "$OUT/launches"
+  step pinv "$T" "$PYTHON" -m lra.bench pinv "${DEVICE[@]}" --m 32 64 --problems 16 256 1024 "${REPEATS[@]}" --out "$OUT/pinv"
   step attention "$T" "$PYTHON" -m lra.bench attention "${DEVICE[@]}" --dtype "$DTYPE" --n "${N_ATTN[@]}" --batch 8 --heads 2 \
     --head-dim 32 "${REPEATS[@]}" --variants "${VARIANTS[@]}" --variant-overrides --out "$OUT/attention"
   step attention_fig4 "$T" "$PYTHON" -m lra.bench attention "${DEVICE[@]}" --dtype "$DTYPE" --n "${N_FIG4[@]}" "${FIG4[@]}" \

@@ -26,7 +26,7 @@ def test_speed_part_runs_every_step_on_the_cpu(tmp_path):
     result = run_script("speed", tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert result.returncode == 0, summary
-    for step in ("launches", "attention", "attention_fig4", "train_text", "train_listops"):
+    for step in ("launches", "pinv", "attention", "attention_fig4", "train_text", "train_listops"):
         assert f"## {step}: ok" in summary
     assert summary.splitlines()[2].startswith("machine: ")
     rows = list(csv.DictReader((tmp_path / "train_text" / "train.csv").open()))
