@@ -40,7 +40,7 @@ fi
 
 echo "[listops_gpu] measuring experiment=listops_deep attention=$ATTENTION on $DEVICE ($PROBE_STEPS steps)"
 "$PYTHON" -m lra.tasks.listops generate --out "$SCRATCH/probe_data" --train 2000 --val 64 --test 64 \
-  --independent-test 0 --seed 1 > /dev/null
+  --independent-test 0 --seed 1 > "$SCRATCH/generate.log" 2>&1 || { cat "$SCRATCH/generate.log" >&2; exit 1; }
 "$PYTHON" -m lra.train experiment=listops_deep attention="$ATTENTION" trainer="$TRAINER" seed="$SEED" \
   task.data_dir="$SCRATCH/probe_data" paths.cache_dir="$SCRATCH/cache" trainer.max_steps="$PROBE_STEPS" task.warmup_steps=1 \
   task.eval_every="$PROBE_STEPS" logger=none "${WORKERS[@]}" "${EXTRA[@]}" hydra.run.dir="$SCRATCH/probe" > "$SCRATCH/probe.log" 2>&1 \
