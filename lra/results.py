@@ -76,7 +76,7 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 # Keys added to the configs after runs were recorded, with the value those runs ran with: a record without the
 # key compares as that value, so a run recorded before the key existed still resumes and still counts as done.
-ADDED_LATER = {"model.compile": False}
+ADDED_LATER = {"model.compile": False, "verbose": False}
 
 
 def flat_settings(config: dict) -> dict[str, Any]:
