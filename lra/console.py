@@ -25,6 +25,11 @@ LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 HARMLESS_WARNINGS = (
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated",
      "torch >= 2.10 deprecates the LeafSpec class that Lightning 2.6's _pytree still builds: nothing to change here"),
+    (UserWarning, r"You passed in a `val_dataloader` but have no `validation_step`",
+     "the self-pretraining stage (lra.pretrain) has no validation by design; the datamodule serves both stages"),
+    (UserWarning, r"The number of training batches \(\d+\) is smaller than the logging interval",
+     "a run is defined in steps across epochs, and Lightning counts log_every_n_steps over all of them: a short "
+     "epoch loses no logged step"),
 )
 
 

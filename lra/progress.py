@@ -78,12 +78,15 @@ class StepProgressBar(ProgressBar):
             self.train_bar = self.stage_bar(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        if self.train_bar is None:
-            return
-        step = trainer.global_step
-        if step - self.train_bar.n >= self.refresh_rate or step >= trainer.max_steps:
-            self.train_bar.set_postfix(self.train_metrics(trainer, pl_module), refresh=False)
-            self.train_bar.update(step - self.train_bar.n)
+        if self.train_bar is not None:
+            step = trainer.global_step
+            if step - self.train_bar.n >= self.refresh_rate or step >= trainer.max_steps:
+                self.advance(trainer, pl_module)
+
+    def advance(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The training bar at ``global_step``, with the latest training metrics."""
+        self.train_bar.set_postfix(self.train_metrics(trainer, pl_module), refresh=False)
+        self.train_bar.update(trainer.global_step - self.train_bar.n)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.train_bar is not None:
@@ -97,6 +100,7 @@ class StepProgressBar(ProgressBar):
         if self.train_bar is None:
             self.eval_bar = self.transient_bar("validate", trainer.num_val_batches)
         else:
+            self.advance(trainer, pl_module)  # a validation step need not be a multiple of refresh_rate
             self.train_bar.set_postfix_str(f"validating 0/{self.total_val_batches}")
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int,
