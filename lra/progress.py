@@ -2,7 +2,7 @@
 optimizer steps, one line per evaluation.
 
 A run is defined in steps (``trainer.max_steps``), not epochs, so the bar counts ``global_step`` up to
-``max_steps``: ``train: 33%|███▎ | 500/1500 [01:02<02:04, 8.02step/s, train/loss=2.29, train/acc=0.188]``. The
+``max_steps``: ``train: 33%|███▎ | 500/1500 [01:02<02:04, 8.02step/s, loss=2.29, acc=0.188]``. The
 self-pretraining stage (:mod:`lra.pretrain`) gets its own bar, named ``pretrain``. A resumed run's bar starts at
 the restored step (tqdm's ``initial``), so its rate and time left count only the steps trained since. The rate is
 the average since the bar started (tqdm ``smoothing=0``), evaluations included, so the time left includes the
@@ -69,8 +69,9 @@ class StepProgressBar(ProgressBar):
                     dynamic_ncols=True, leave=False)
 
     def train_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        """The progress-bar metrics but the logger's version and the validation metrics (on their own line)."""
-        return {key: value for key, value in self.get_metrics(trainer, pl_module).items()
+        """The progress-bar metrics but the logger's version and the validation metrics (on their own line), named
+        without their stage (``train/loss`` -> ``loss``) to leave the bar room in 80 columns."""
+        return {key.rsplit("/", 1)[-1]: value for key, value in self.get_metrics(trainer, pl_module).items()
                 if key != "v_num" and not key.startswith(VALIDATION_PREFIX)}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -61,6 +61,7 @@ def test_bar_counts_the_run_steps_across_epochs_and_a_resumed_run_starts_at_its_
     assert [n for n, _ in states] == sorted(n for n, _ in states)
     final = [part for part in resumed.replace("\r", "\n").splitlines() if "7/7 [" in part][-1]
     assert "<00:00, " in final and "step/s" in final and "?step/s" not in final  # time left and rate were measured
+    assert "loss=" in final  # the training metrics, named without their stage
     # one line per validation (steps 4 and 6 of the resumed run), printed above the bar
     evaluations = [line for line in other_lines(resumed) if line.startswith("[lra] step")]
     assert [line.split(":")[0] for line in evaluations] == ["[lra] step 4/7", "[lra] step 6/7"]
