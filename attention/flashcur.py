@@ -19,7 +19,7 @@ Decisions: the kernels implement the softmax score only (CUR's ``score`` option 
 16/32/64/128 with inert slots (masked columns of C, identity block of U, never written to Y), so
 any m ≤ 128 runs. ``W`` and ``RV`` are float32; q/k/v may be float32, float16 or bfloat16
 (float32 accumulation); the output has q's dtype. Needs CUDA tensors, or the Triton interpreter
-(``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; CPU, ~60× slower).
+(``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; on CPU, for tests at tiny shapes).
 Cost as CUR: O(nmd + m²d + m³) time; O(nd + md + m²) memory (no O(nm) term).
 
 Each kernel (pair) is a ``torch.library`` custom op (``lra_flashcur::*``) with a fake implementation (shapes

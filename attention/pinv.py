@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from attention import pinv_cpu
+from kernels.cpu import pinv as pinv_kernel
 from attention.precision import autocast_off
 
 PINV_INITS = ("per_head", "global")
@@ -70,8 +70,8 @@ def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head"
         z = a.transpose(-1, -2) / norm.reshape(-1, 1, 1)
         if torch.is_grad_enabled() and z.requires_grad:  # z carries a's requires_grad
             z = _Iterations.apply(a, z, n_iter)
-        elif pinv_cpu.takes(a):
-            z = pinv_cpu.iterate(a, z, n_iter, keep=False)[0]
+        elif pinv_kernel.takes(a):
+            z = pinv_kernel.iterate(a, z, n_iter, keep=False)[0]
         else:
             z = _iterate(a, z, n_iter)
     return z.reshape(shape)
@@ -99,13 +99,13 @@ class _Iterations(torch.autograd.Function):
     autograd adds a scaling, a negation and an accumulation pass per product. Per step, from ``G = ∂L/∂Z'``:
     ``∂S = Zᵀ G``, ``∂Z = G Sᵀ``, ``∂inner = −¼ (AZ)ᵀ ∂S``, ``∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner``,
     then ``∂A += ∂(AZ) Zᵀ`` and ``∂Z += Aᵀ ∂(AZ)``. Used when autograd records the call (:func:`iterative_pinv`);
-    forward and backward run the CPU kernel of :mod:`attention.pinv_cpu` where it takes the operands."""
+    forward and backward run the CPU kernel of :mod:`kernels.cpu.pinv` where it takes the operands."""
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, z: torch.Tensor, n_iter: int) -> torch.Tensor:
-        ctx.kernel = pinv_cpu.takes(a)
+        ctx.kernel = pinv_kernel.takes(a)
         if ctx.kernel:
-            out, saved = pinv_cpu.iterate(a, z, n_iter, keep=True)
+            out, saved = pinv_kernel.iterate(a, z, n_iter, keep=True)
             ctx.save_for_backward(a, saved)
             return out
         steps: list = []
@@ -118,7 +118,7 @@ class _Iterations(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         a, *flat = ctx.saved_tensors
         if ctx.kernel:
-            return *pinv_cpu.iterate_backward(a, flat[0], grad), None
+            return *pinv_kernel.iterate_backward(a, flat[0], grad), None
         grad_a, grad_z = torch.zeros_like(a), grad  # grad_z is a fresh product after the first step
         for index in range(len(flat) // 5 - 1, -1, -1):
             z, az, w, inner, step = flat[5 * index: 5 * index + 5]

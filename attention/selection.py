@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from attention import selection_cpu
+from kernels.cpu import selection as selection_kernels
 
 
 def _step_priority(x: torch.Tensor, key_mask: torch.Tensor, m: int, **_) -> torch.Tensor:
@@ -46,8 +46,9 @@ def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, 
 
 RULES: dict[str, Callable[..., torch.Tensor]] = {
     "sum": lambda x, **_: x.sum(-1),
-    # one pass on CPU (attention.selection_cpu), else abs + sum: linalg.vector_norm(x, ord=1) is ~10× slower there
-    "abs": lambda x, **_: selection_cpu.abs_row_sums(x),
+    # one pass on CPU (kernels.cpu.selection), else abs + sum (linalg.vector_norm(x, ord=1) is slower on CPU:
+    # docs/bench.md, "Numbers kept out of the code")
+    "abs": lambda x, **_: selection_kernels.abs_row_sums(x),
     "embed": lambda x, embed_column, **_: x[..., embed_column],
     "step": _step_priority,
     "random": _random_priority,
@@ -74,9 +75,9 @@ def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool
 
     The indices a stable descending sort would rank first, without sorting over ``n``: every priority above
     the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf). On CPU
-    (float32, eager) the same by a kernel (:func:`attention.selection_cpu.top_indices`).
+    (float32, eager) the same by a kernel (:func:`kernels.cpu.selection.top_indices`).
     """
-    top = selection_cpu.top_indices(priority, key_mask, m, force_cls)
+    top = selection_kernels.top_indices(priority, key_mask, m, force_cls)
     if top is not None:
         return top
     priority = priority.nan_to_num(nan=torch.inf, posinf=torch.inf).masked_fill(~key_mask[:, None, :], -torch.inf)

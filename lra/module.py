@@ -163,9 +163,8 @@ def compile_setting(cfg) -> bool:
 def compile_in_place(model: nn.Module, device: torch.device) -> None:
     """``torch.compile`` ``model`` in place (``nn.Module.compile``: parameter names stay the eager ones) for
     running on ``device``. On CPU, Inductor draws random numbers with ATen's generator (``fallback_random``):
-    its own CPU generator made compiled CURformer training 0.76× eager (ListOps n = 2000, batch 32, one
-    thread; 1.02× with ATen's, docs/bench.md "Compiling"), and so a compiled step's dropout masks are the
-    eager step's. CUDA keeps Inductor's fused generator."""
+    its own CPU generator was slower than eager there (docs/bench.md, "Compiling"), and so a compiled step's
+    dropout masks are the eager step's. CUDA keeps Inductor's fused generator."""
     model.compile(options={"fallback_random": True} if device.type == "cpu" else None)
 
 
