@@ -9,7 +9,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from lra import REPO_ROOT, report
+from lra import REPO_ROOT
+from lra.analysis import report
 from lra.hydra_callbacks import missing_options
 from lra.sweep_console import summary
 from tests.conftest import CONFIG_DIR, run_cli
@@ -89,9 +90,9 @@ def test_failed_job_is_reported_and_fails_the_sweep(tiny_listops_overrides, tmp_
     assert report.main([str(sweep), "--out", str(out)]) == 0
     text = out.read_text()
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
-    assert text.startswith("### listops_small")  # one table per task; no run interrupted or missing: no such columns
-    assert header[:4] == ["attention", "trainer.max_steps", "seeds", "failed"]
-    assert sorted(row[1:4] for row in rows) == [["0", "0", "1"], ["4", "1", "0"]]
+    assert text.startswith("### listops_small")  # one table per task, one row per setting, the failure in its row
+    assert header[:3] == ["attention", "setting", "seeds"]
+    assert sorted(row[1:3] for row in rows) == [["0 steps", "0 (1 failed)"], ["4 steps", "1"]]
     assert "1 run(s) not completed" in text and "failed: listops_small / softmax / seed 0" in text
 
 
