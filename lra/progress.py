@@ -29,7 +29,7 @@ VALIDATION_PREFIX = "val/"  # the metrics an evaluation line prints (lra.module 
 
 class StepProgressBar(ProgressBar):
     """One tqdm bar per training stage over its optimizer steps, an evaluation line per validation, a
-    short-lived bar for testing (module docstring). ``refresh_rate``: steps (and evaluation batches) between
+    short-lived bar for testing (module docstring). ``refresh_rate``: steps (and validation batches) between
     redraws; a log file gets ``max_steps / refresh_rate`` updates of the bar's line."""
 
     def __init__(self, refresh_rate: int = 10):

@@ -17,6 +17,7 @@ jobs are not known in advance: the lines say ``job k`` and the table lists the r
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -94,11 +95,13 @@ class SweepConsole(Callback):
             return
         overrides = list(config.hydra.overrides.task)
         if self.batch is None:
-            print(f"[lra] job {config.hydra.job.num + 1}: {' '.join(overrides)}", flush=True)
-            return
-        keys = swept_keys(self.batch)
-        swept = " ".join(override for override in overrides if override_key(override) in keys)
-        print(f"[lra] job {config.hydra.job.num + 1} of {len(self.batch)}" + (f": {swept}" if swept else ""), flush=True)
+            line = f"[lra] job {config.hydra.job.num + 1}: {' '.join(overrides)}"
+        else:
+            keys = swept_keys(self.batch)
+            swept = " ".join(override for override in overrides if override_key(override) in keys)
+            line = f"[lra] job {config.hydra.job.num + 1} of {len(self.batch)}" + (f": {swept}" if swept else "")
+        sys.stdout.write(f"{line}\n")  # one write: jobs of a parallel launcher share the terminal
+        sys.stdout.flush()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print("\n".join(summary(Path(str(config.hydra.sweep.dir)), self.batch)), flush=True)

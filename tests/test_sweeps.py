@@ -49,7 +49,7 @@ def test_joblib_2x2_sweep_runs_in_parallel_and_reports(tiny_listops_overrides, s
     # Each job, in its worker process, says which it is; the sweep ends with one table of its jobs in their order.
     jobs = [("softmax", 0), ("softmax", 1), ("softmax_b", 0), ("softmax_b", 1)]  # the basic sweeper's order
     for k, (attention, seed) in enumerate(jobs, start=1):
-        assert f"[lra] job {k} of 4: attention={attention} seed={seed}\n" in proc.stdout
+        assert f"[lra] job {k} of 4: attention={attention} seed={seed}" in proc.stdout
     first, rows = sweep_table(proc.stdout, sweep)
     assert first == f"[lra] sweep {sweep}: 4 jobs, 4 completed"
     assert [(row["job"], row["attention"], row["seed"]) for row in rows] == [(str(k), a, str(s)) for k, (a, s) in
