@@ -23,6 +23,15 @@ Both inits give the same ``Z₀`` for a single matrix (batch = heads = 1), and t
 Precision: the iteration diverges in fp16/bf16, so it always runs in float32 with autocast
 disabled (float64 inputs stay float64, for gradcheck); the result has the compute dtype.
 Cost: O(n_iter · m³) for ``m × m`` matrices.
+
+Where it runs (a dispatch on device, dtype and shape, :func:`fused_takes`): float32 matrices on CUDA
+with ``m ≤ 64`` run the fused Triton kernels of :mod:`kernels.pinv`, one launch forward (the init and all
+``n_iter`` steps, one program per matrix) and one backward, as the custom op ``lra_pinv::forward`` (also on
+``meta``, where its fake implementation gives the shapes); with ``global`` the shared norm is computed here
+and passed in. Everything else runs the PyTorch form (:func:`pytorch_pinv`): float64 (gradcheck), ``m > 64``
+(a matrix no longer fits one program's registers: :mod:`kernels.pinv.launch`), and CPU tensors, where the
+C++ kernel of :mod:`kernels.cpu.pinv` takes float32 and eager calls it serves. Both forms compute the same
+iterates and the same gradient (through the norms too), to float32 rounding.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import torch
 
 from kernels.cpu import pinv as pinv_kernel
 from attention.precision import autocast_off
+from kernels.pinv import launch as fused_launch
+from kernels.pinv.ops import fused_pinv
 
 PINV_INITS = ("per_head", "global")
 
@@ -49,23 +60,36 @@ def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head"
     """Approximate pseudo-inverse of ``matrix`` ``(..., m, m)`` after ``n_iter`` iterations -> ``(..., m, m)``.
 
     ``init``: ``per_head`` scales ``Z₀`` by each matrix's own norms, ``global`` by the maxima over all
-    leading dimensions (see the module doc).
+    leading dimensions (see the module doc). The fused kernels where :func:`fused_takes`, else
+    :func:`pytorch_pinv`.
     """
+    check_arguments(matrix, n_iter, init)
+    with autocast_off(matrix.device.type):
+        a = matrix.float() if matrix.dtype != torch.float64 else matrix
+        if fused_takes(a):
+            m = a.shape[-1]
+            norm = start_norm(a, init) if init == "global" else None  # per_head: the kernel takes each matrix's norms
+            return fused_pinv(a.reshape(-1, m, m), n_iter, norm).reshape(a.shape)
+    return pytorch_pinv(a, n_iter, init)
+
+
+def check_arguments(matrix: torch.Tensor, n_iter: int, init: str) -> None:
     if n_iter < 1:
         raise ValueError(f"pinv_iters must be >= 1, got {n_iter}")
     if matrix.shape[-1] != matrix.shape[-2]:
         raise ValueError(f"iterative_pinv expects square (..., m, m) matrices, got shape {tuple(matrix.shape)}")
     check_pinv_init(init)
+
+
+def pytorch_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head") -> torch.Tensor:
+    """:func:`iterative_pinv` in its PyTorch form on any device: ``bmm``/``baddbmm`` per step, one autograd node
+    (:class:`_Iterations`), the CPU kernel of :mod:`kernels.cpu.pinv` where it takes the operands."""
+    check_arguments(matrix, n_iter, init)
     dtype = torch.float64 if matrix.dtype == torch.float64 else torch.float32
     with autocast_off(matrix.device.type):
         a = matrix.to(dtype)
-        absolute = a.abs()
-        col_sum = absolute.sum(-2).amax(-1)  # ‖A‖₁, (...)
-        row_sum = absolute.sum(-1).amax(-1)  # ‖A‖∞, (...)
-        if init == "global":
-            col_sum, row_sum = col_sum.amax(), row_sum.amax()  # one maximum over batch and heads, ()
-        norm = (col_sum * row_sum).clamp_min(torch.finfo(dtype).tiny)[..., None, None]
         shape, m = a.shape, a.shape[-1]
+        norm = start_norm(a, init)
         a = a.reshape(-1, m, m)  # one batch dimension for bmm/baddbmm
         z = a.transpose(-1, -2) / norm.reshape(-1, 1, 1)
         if torch.is_grad_enabled() and z.requires_grad:  # z carries a's requires_grad
@@ -75,6 +99,24 @@ def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head"
         else:
             z = _iterate(a, z, n_iter)
     return z.reshape(shape)
+
+
+def fused_takes(a: torch.Tensor) -> bool:
+    """Whether :func:`iterative_pinv` runs the fused Triton kernels (:mod:`kernels.pinv`) on ``a`` ``(..., m, m)``:
+    float32 on a CUDA device, or on ``meta`` (shapes only: the custom ops' fake implementations, so a trace on
+    ``meta`` sees the CUDA path), with ``m ≤ 64`` (one problem per program, held in registers)."""
+    return a.dtype == torch.float32 and a.device.type in ("cuda", "meta") and fused_launch.takes(a.shape[-1])
+
+
+def start_norm(a: torch.Tensor, init: str) -> torch.Tensor:
+    """The scale of ``Z₀ = Aᵀ / norm``: ``max(‖A‖₁ ‖A‖∞, tiny)`` per matrix ``(..., 1, 1)``, or with ``global``
+    one value ``(1, 1)`` from the maxima over all matrices. Differentiable (the norm is not detached)."""
+    absolute = a.abs()
+    col_sum = absolute.sum(-2).amax(-1)  # ‖A‖₁, (...)
+    row_sum = absolute.sum(-1).amax(-1)  # ‖A‖∞, (...)
+    if init == "global":
+        col_sum, row_sum = col_sum.amax(), row_sum.amax()  # one maximum over batch and heads, ()
+    return (col_sum * row_sum).clamp_min(torch.finfo(a.dtype).tiny)[..., None, None]
 
 
 def _iterate(a: torch.Tensor, z: torch.Tensor, n_iter: int, saved: list | None = None) -> torch.Tensor:

@@ -12,6 +12,10 @@
 * :mod:`kernels.flashl1`: FlashL1, exact L1-distance attention (EcoTransformer) — ``forward`` and
   ``backward`` kernels and ``launch``: launch parameters, the functions that launch them, and its
   autograd wrapper, :func:`kernels.flashl1.launch.flash_l1_attention` (what :mod:`attention.l1` calls).
+* :mod:`kernels.pinv`: the iterative pseudo-inverse (docs/design.md §2 "Pseudo-inverse") — ``forward`` and
+  ``backward`` kernels (all ``n_iter`` steps of a matrix in one program), ``launch`` and ``ops``: the custom ops
+  ``lra_pinv::forward`` / ``lra_pinv::backward`` and :func:`kernels.pinv.ops.fused_pinv` (what
+  :func:`attention.pinv.iterative_pinv` calls on CUDA).
 
 The Triton kernels run on CUDA tensors, or on CPU with ``TRITON_INTERPRET=1`` set before a kernel module is
 imported.

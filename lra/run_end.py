@@ -28,8 +28,8 @@ def may_write(run_dir: Path, owner: bool) -> bool:
 
 
 def show_traceback(verbose) -> bool:
-    """Whether the console gets the traceback too: ``HYDRA_FULL_ERROR=1`` (Hydra's switch for it) or
-    ``hydra.verbose=true`` (or a logger name)."""
+    """Whether the console gets the traceback too: ``verbose=true``, ``HYDRA_FULL_ERROR=1`` (Hydra's switch for
+    it) or ``hydra.verbose=true`` (or a logger name)."""
     return os.environ.get("HYDRA_FULL_ERROR") == "1" or bool(verbose)
 
 
@@ -57,7 +57,7 @@ def write_error(run_dir: Path, cfg: DictConfig, error: Exception, details: str, 
         if not show_traceback(verbose):
             print(details, end="", file=sys.stderr, flush=True)  # written nowhere else
         return f"its record not written: {type(write_error).__name__}: {write_error}"
-    hint = "" if show_traceback(verbose) else "; HYDRA_FULL_ERROR=1 also prints it here"
+    hint = "" if show_traceback(verbose) else "; verbose=true also prints it here"
     return f"traceback in {run_dir / ERROR_LOG}{hint}; record in {run_dir / 'results.json'}"
 
 

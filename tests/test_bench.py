@@ -68,12 +68,12 @@ def test_variants_are_discovered_from_configs():
     on_disk = sorted(path.stem for path in (REPO_ROOT / "configs" / "attention").glob("*.yaml"))
     variants = common.select_variants(None, ["liza:base_window=8,dropout=0.0", "curformer:num_landmarks=8"])
     labels = [v.label for v in variants]
-    assert labels[0] == "softmax"
+    assert labels[:2] == ["softmax", "softmax_materialised"]
     assert sorted(labels[: len(on_disk)]) == on_disk
     assert labels[len(on_disk):] == ["liza[base_window=8,dropout=0.0]", "curformer[num_landmarks=8]"]
     assert variants[-2].config_overrides() == ["attention=liza", "attention.base_window=8", "attention.dropout=0.0"]
     narrowed = common.select_variants(["curformer"], ["liza:base_window=8"])
-    assert [v.label for v in narrowed] == ["softmax", "curformer"]
+    assert [v.label for v in narrowed] == ["softmax", "softmax_materialised", "curformer"]
     with pytest.raises(ValueError, match="not found"):
         common.select_variants(["no_such_attention"], [])
     with pytest.raises(ValueError, match="name:key=value"):
@@ -146,8 +146,8 @@ def test_bench_attention_layer_level(tmp_path):
           "--device", "cpu", "--variants", "nystromformer", "--variant-overrides", "--out", str(out)])
     rows = read_csv(out / "attention.csv")
     assert [(r["level"], r["variant"], r["status"]) for r in rows] == [
-        ("layer", "softmax", "ok"), ("layer", "nystromformer", "ok")]
-    softmax, nystrom = rows
+        ("layer", "softmax", "ok"), ("layer", "softmax_materialised", "ok"), ("layer", "nystromformer", "ok")]
+    softmax, _, nystrom = rows
     assert number(nystrom["speedup_fwdbwd"]) == pytest.approx(number(softmax["fwdbwd_s"]) / number(nystrom["fwdbwd_s"]))
     assert nystrom["heads"] == "2"
 
@@ -159,12 +159,16 @@ def test_bench_train_tiny(tmp_path):
           "--variants", "curformer", "--variant-overrides", "--out", str(out)])
     assert (out / "train.png").stat().st_size > 0
     rows = read_csv(out / "train.csv")
-    assert [r["variant"] for r in rows] == ["softmax", "curformer"]
+    assert [r["variant"] for r in rows] == ["softmax", "softmax_materialised", "curformer"]
     assert {r["status"] for r in rows} == {"ok"}
-    softmax = rows[0]
+    softmax, transformer = rows[0], rows[1]
     for row in rows:
         assert number(row["speed_ratio"]) == pytest.approx(
             number(row["train_samples_per_s"]) / number(softmax["train_samples_per_s"]))
+        assert number(row["speed_vs_transformer"]) == pytest.approx(
+            number(row["train_samples_per_s"]) / number(transformer["train_samples_per_s"]))
+        assert number(row["mem_vs_transformer"]) == pytest.approx(
+            number(row["peak_mem_bytes"]) / number(transformer["peak_mem_bytes"]))
         assert number(row["mem_ratio"]) == pytest.approx(number(row["peak_mem_bytes"]) / number(softmax["peak_mem_bytes"]))
         assert number(row["infer_ratio"]) == pytest.approx(
             number(row["infer_samples_per_s"]) / number(softmax["infer_samples_per_s"]))
@@ -179,8 +183,8 @@ def test_bench_train_tiny(tmp_path):
         assert number(row["train_flops_per_s"]) == pytest.approx(number(row["train_flops"]) / number(row["train_step_s"]))
         assert number(row["flops_utilisation"]) == pytest.approx(
             number(row["train_flops_per_s"]) / number(row["matmul_flops_per_s"]))
-    assert rows[0]["matmul_flops_per_s"] == rows[1]["matmul_flops_per_s"]
-    assert number(rows[1]["train_flops"]) != number(softmax["train_flops"])
+    assert rows[0]["matmul_flops_per_s"] == rows[2]["matmul_flops_per_s"]
+    assert number(rows[2]["train_flops"]) != number(softmax["train_flops"])
     assert softmax["speed_ratio"] == softmax["mem_ratio"] == "1.0"
     assert {r["threads"] for r in rows} == {"1"}
     assert {(r["cpu"], r["cpu_capability"], r["torch"]) for r in rows} == {
@@ -203,7 +207,8 @@ def test_bench_train_compile(tmp_path):
     main(["train", "--task", "listops", "--n", "64", "--batch", "2", "--steps", "1", "--warmup", "0", "--device", "cpu",
           "--threads", "1", "--variants", "curformer", "--variant-overrides", "--compile", "--out", str(out)])
     rows = {r["variant"]: r for r in read_csv(out / "train.csv")}
-    assert list(rows) == ["softmax", "softmax+compile", "curformer", "curformer+compile"]
+    assert list(rows) == ["softmax", "softmax+compile", "softmax_materialised", "softmax_materialised+compile",
+                          "curformer", "curformer+compile"]
     assert {r["status"] for r in rows.values()} == {"ok"}
     for name in ("softmax", "curformer"):
         eager, compiled = rows[name], rows[name + "+compile"]
@@ -211,8 +216,11 @@ def test_bench_train_compile(tmp_path):
         assert number(compiled["compile_speedup"]) == pytest.approx(
             number(compiled["train_samples_per_s"]) / number(eager["train_samples_per_s"]))
         assert number(compiled["train_flops"]) == number(eager["train_flops"])  # counted on the eager model
+        # compiled rows against the compiled references
         assert number(compiled["speed_ratio"]) == pytest.approx(
-            number(compiled["train_samples_per_s"]) / number(rows["softmax"]["train_samples_per_s"]))
+            number(compiled["train_samples_per_s"]) / number(rows["softmax+compile"]["train_samples_per_s"]))
+        assert number(compiled["speed_vs_transformer"]) == pytest.approx(
+            number(compiled["train_samples_per_s"]) / number(rows["softmax_materialised+compile"]["train_samples_per_s"]))
 
 
 @pytest.mark.slow
