@@ -39,10 +39,10 @@ from lra.interrupts import STOP_SIGNALS, FinishValidation
 from lra.module import build_module
 from lra.pretrain import ENCODER_CHECKPOINT, build_pretrain_module, pretrain_callbacks, read_encoder_record
 from lra.pretrain import validate as validate_pretrain
-from lra.run_dir import ResumeRefused, check_resume, claim, drop_unused_pretrain, resume_checkpoint
+from lra.run_dir import ResumeRefused, check_resume, claim, drop_unused_pretrain, resume_checkpoint, settings_differences
 from lra.run_end import failure, interruption
 from lra.run_lock import RunDirInUse, hold, release
-from lra.results import (config_differences, git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
+from lra.results import (git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
                          write_results)
 from lra.wandb_summary import active_run, run_config
 
@@ -212,7 +212,7 @@ def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | 
     if record is None or record.get("status") != "completed":
         return None
     recorded, current = drop_unused_pretrain(record.get("config") or {}, OmegaConf.to_container(cfg, resolve=False))
-    differences = config_differences(recorded, current)
+    differences = [f"{key}: {old} -> {new}" for key, old, new in settings_differences(recorded, current)]  # as a resume
     if differences:
         message = (f"{run_dir} already holds a completed run with other settings ({'; '.join(differences)}): not "
                    f"re-run, its results.json is kept. Train these settings in a new dir (drop hydra.run.dir / "

@@ -79,6 +79,9 @@ def test_rerun_of_a_completed_run_keeps_its_record_and_a_killed_finish_resumes(t
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[lra] already completed" in again.stdout
     assert (run_dir / "results.json").read_bytes() == record
+    louder = run_cli([*args, "verbose=true", "logger=none"])  # keys a resume ignores: the same run, done
+    assert louder.returncode == 0 and "[lra] already completed" in louder.stdout, louder.stderr[-3000:]
+    assert (run_dir / "results.json").read_bytes() == record
 
     other = run_cli([*args, "trainer.max_steps=6"])  # other settings: refused, record untouched
     assert other.returncode == 1
