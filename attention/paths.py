@@ -1,0 +1,71 @@
+"""Which form of the landmark attention a tensor runs: the CPU forms or the fused forms of other devices.
+
+* CPU tensors run the CPU forms: the compiled kernels of the ``*_cpu`` modules where they apply, else PyTorch code
+  tuned for the CPU (in-place softmax, ``n × m`` products), unchanged by the fused forms.
+* Every other device (CUDA; ``meta``, where ``lra.bench launches`` counts a GPU's kernels and
+  ``tests/test_device_hygiene.py`` looks for host syncs) runs the fused forms: each landmark stage one
+  ``F.scaled_dot_product_attention`` call (its memory-efficient kernel on a GPU), selection by sorting, no host
+  synchronisation and no tensor made on the host, every other step one batched operator. On a GPU the time of an
+  attention layer of LRA's size is kernel launches, not arithmetic: the fused forms launch a few dozen kernels
+  for one layer's forward and backward where the CPU forms' PyTorch code launches a few hundred.
+
+``FUSED_ON_CPU = True`` runs the fused forms on CPU tensors too: the tests check them against the dense
+references there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+FUSED_ON_CPU = False
+
+
+def fused(x: torch.Tensor) -> bool:
+    """Whether ``x``'s landmark attention runs the fused forms (any device but the CPU, or :data:`FUSED_ON_CPU`)."""
+    return FUSED_ON_CPU or x.device.type != "cpu"
+
+
+def masking_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask of a boolean ``mask`` (True = attend) in ``dtype``: 0, or half float32's lowest value (not
+    −inf: a row with no key to attend, a sequence without real tokens, stays finite on every attention backend)."""
+    return torch.where(mask, 0.0, torch.finfo(torch.float32).min / 2).to(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def identity(m: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(I_m, its additive mask)``: the ``m × m`` identity, and the bias that lets row ``i`` attend to key ``i`` only
+    (0 on the diagonal, :func:`masking_bias` elsewhere). Made once per size, dtype and device: constants, not a
+    launch per call."""
+    eye = torch.eye(m, dtype=dtype, device=device)
+    return eye, masking_bias(eye.bool(), dtype)
+
+
+class _ProductAndRows(torch.autograd.Function):
+    """``(W, RV) = (P RV, RV)`` for ``P`` ``(B, H, m, m)`` and ``RV`` ``(B, H, m, d)``: one node, so the backward adds
+    ``Pᵀ dW`` to the gradient that the rows' other use (CUR's row overwrite ``Y[I] = RV``) gives ``RV``, in one
+    ``baddbmm``, and ``dP = dW RVᵀ``."""
+
+    @staticmethod
+    def forward(ctx, p: torch.Tensor, rv: torch.Tensor):
+        rv_rows = rv.contiguous()  # once: the product needs (B·H, m, d) rows (an attention kernel's output is not)
+        ctx.save_for_backward(p, rv_rows)
+        return p @ rv_rows, rv.view_as(rv)
+
+    @staticmethod
+    def backward(ctx, grad_w: torch.Tensor, grad_rv: torch.Tensor | None):
+        p, rv = ctx.saved_tensors
+        batch, heads, m, d = rv.shape
+        grad_w = grad_w.contiguous().view(-1, m, d)
+        grad_p = (grad_w @ rv.view(-1, m, d).mT).view(p.shape) if ctx.needs_input_grad[0] else None
+        p_t = p.reshape(-1, m, m).mT
+        rows = p_t @ grad_w if grad_rv is None else torch.baddbmm(grad_rv.reshape(-1, m, d), p_t, grad_w)
+        return grad_p, rows.view(batch, heads, m, d)
+
+
+def product_and_rows(p: torch.Tensor, rv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(P @ RV, RV)`` through :class:`_ProductAndRows` when autograd records them (see there)."""
+    if torch.is_grad_enabled() and (p.requires_grad or rv.requires_grad):
+        return _ProductAndRows.apply(p, rv)
+    return p @ rv, rv
