@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import seqconv_cpu
+from attention import paths, seqconv_cpu
 from attention.cur import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
 from attention.precision import autocast_off
@@ -73,6 +73,26 @@ def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torc
     else:
         sums = sums.view(batch, heads, m + 1, d)[:, :, :m]
     return sums / counts.clamp_min(1)[:, None, :, None], counts > 0
+
+
+def fused_segment_means(x: torch.Tensor, key_mask: torch.Tensor, key_bias: torch.Tensor,
+                        m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`segment_means` in the fused forms (:mod:`attention.paths`): the same landmarks ``(B, H, m, d)`` and
+    validity ``(B, m)``, the means as one fused attention call: attention with equal scores (``scale = 0``) over the
+    keys its mask lets through is their mean, so ``SDPA(·, x, x, scale=0, mask = the segment's real tokens)``
+    averages each segment (its gradient spreads ``dX̃_s / count_s`` over the segment's tokens). ``key_bias``: the
+    additive mask of ``key_mask`` (:func:`attention.paths.masking_bias`), ``(B, 1, 1, n)``.
+
+    A pad's running count of real tokens is that of the real token before it, so it falls in that token's segment
+    (or none, before the first real token): which segments hold a real token can be read off the unmasked segment
+    numbers, and the pads leave the means through ``key_bias``."""
+    rank = key_mask.cumsum(-1)  # (B, n): 1..n_real on real tokens
+    n_real = rank[:, -1:].clamp_min(1)
+    segment = torch.div((rank - 1) * m, n_real, rounding_mode="floor")  # (B, n)
+    members = segment[:, None, :] == paths.positions(m, x.device)[:, None]  # (B, m, n)
+    bias = torch.where(members[:, None], key_bias, paths.MASKED)  # (B, 1, m, n)
+    means = F.scaled_dot_product_attention(x.detach()[:, :, :m], x.detach(), x, attn_mask=bias, scale=0.0)
+    return means, members.any(-1)
 
 
 def _windows(x: torch.Tensor, block: int, width: int, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -188,6 +208,14 @@ class SequenceConv(nn.Module):
         mask = None if key_mask is None else key_mask[:, None, :, None].to(x.dtype)
         return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
 
+    def fused(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """``conv(x ⊙ key_mask)`` ``(B, H, n, d)`` in the fused forms (:mod:`attention.paths`): one depthwise
+        ``F.conv2d`` over ``(B, H, n, d)`` as channels ``H`` of an ``n × d`` image with a ``K × 1`` kernel per channel
+        (cuDNN's depthwise kernel on a GPU), after one masking product."""
+        masked = key_mask[:, None, :, None] * x  # mask first: the product is contiguous, as the convolution wants it
+        return F.conv2d(masked, self.weight[..., None].to(x.dtype), padding=(self.kernel_size // 2, 0),
+                        groups=self.weight.shape[0])
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         weight = state_dict.get(prefix + "weight")
         if weight is not None and weight.dim() == 4 and weight.shape[-1] == 1:  # nn.Conv2d's (H, 1, K, 1)
@@ -222,6 +250,8 @@ class NystromAttention(nn.Module):
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         with autocast_off(q.device.type):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+            if paths.fused(q):
+                return self.fused_forward(q, k, v, key_mask).to(out_dtype)
             m = min(self.num_landmarks, q.shape[2])
             q_land, valid = segment_means(q, key_mask, m)  # (B, H, m, d), (B, m)
             k_land, _ = segment_means(k, key_mask, m)
@@ -234,6 +264,26 @@ class NystromAttention(nn.Module):
             if self.conv is not None:
                 y = self.conv(v, key_mask, y, overwrite_base=True)  # y + conv(V with pad rows zeroed)
         return y.to(out_dtype)
+
+    def fused_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """The forward in the fused forms (:mod:`attention.paths`), float32 (float64 stays) ``(B, H, n, d)``: the
+        landmarks of ``[Q | K]`` by one fused call (:func:`fused_segment_means`), then ``k2``, ``k3 V`` and
+        ``k1 W`` each one fused attention call (``k2`` with the identity as values: the weights themselves; rows
+        of empty segments attend to their own slot only, which makes them the identity rows of the CPU form), the
+        conv by cuDNN's depthwise convolution (:meth:`SequenceConv.fused`)."""
+        batch, heads, n, d = q.shape
+        m = min(self.num_landmarks, n)
+        key_bias = paths.masking_bias(key_mask, q.dtype)[:, None, None, :]  # (B, 1, 1, n)
+        landmarks, valid = fused_segment_means(torch.cat([q, k], -1), key_mask, key_bias, m)  # (B, H, m, 2d), (B, m)
+        q_land, k_land = landmarks.split(d, -1)
+        eye, self_only = paths.identity(m, q.dtype, q.device)
+        slots = paths.masking_bias(valid, q.dtype)[:, None, None, :]  # the m landmark keys, (B, 1, 1, m)
+        k2_mask = torch.where(valid[:, None, :, None], slots, self_only)  # (B, 1, m, m)
+        k2 = F.scaled_dot_product_attention(q_land, k_land, eye.expand(batch, heads, m, m), attn_mask=k2_mask)
+        k3v = F.scaled_dot_product_attention(q_land, k, v, attn_mask=key_bias)  # (B, H, m, d)
+        w = paths.product_and_rows(iterative_pinv(k2, self.pinv_iters, self.pinv_init), k3v)[0]  # (B, H, m, d)
+        y = F.scaled_dot_product_attention(q, k_land, w, attn_mask=slots)  # k1 W, (B, H, n, d)
+        return y if self.conv is None else y + self.conv.fused(v, key_mask)
 
     def extra_repr(self) -> str:
         return f"num_landmarks={self.num_landmarks}, pinv_iters={self.pinv_iters}, pinv_init={self.pinv_init!r}"

@@ -27,10 +27,20 @@ def fused(x: torch.Tensor) -> bool:
     return FUSED_ON_CPU or x.device.type != "cpu"
 
 
+MASKED = torch.finfo(torch.float32).min / 2  # the additive mask of a masked key (exp gives exactly 0 beside any score)
+
+
 def masking_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask of a boolean ``mask`` (True = attend) in ``dtype``: 0, or half float32's lowest value (not
-    −inf: a row with no key to attend, a sequence without real tokens, stays finite on every attention backend)."""
-    return torch.where(mask, 0.0, torch.finfo(torch.float32).min / 2).to(dtype)
+    """The additive mask of a boolean ``mask`` (True = attend) in ``dtype``: 0, or :data:`MASKED` (half float32's
+    lowest value, not −inf: a row with no key to attend, a sequence without real tokens, stays finite on every
+    attention backend)."""
+    return torch.where(mask, 0.0, MASKED).to(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def positions(m: int, device: torch.device) -> torch.Tensor:
+    """``0, 1, …, m − 1`` (int64) on ``device``, made once: a constant, not a launch per call."""
+    return torch.arange(m, device=device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,12 +61,15 @@ class _ProductAndRows(torch.autograd.Function):
     def forward(ctx, p: torch.Tensor, rv: torch.Tensor):
         rv_rows = rv.contiguous()  # once: the product needs (B·H, m, d) rows (an attention kernel's output is not)
         ctx.save_for_backward(p, rv_rows)
+        ctx.set_materialize_grads(False)  # RV's second use may be none: no zeros made for its gradient
         return p @ rv_rows, rv.view_as(rv)
 
     @staticmethod
     def backward(ctx, grad_w: torch.Tensor, grad_rv: torch.Tensor | None):
         p, rv = ctx.saved_tensors
         batch, heads, m, d = rv.shape
+        if grad_w is None:
+            return None, grad_rv
         grad_w = grad_w.contiguous().view(-1, m, d)
         grad_p = (grad_w @ rv.view(-1, m, d).mT).view(p.shape) if ctx.needs_input_grad[0] else None
         p_t = p.reshape(-1, m, m).mT
