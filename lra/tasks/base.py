@@ -11,6 +11,8 @@ removes its lock, and the cache folder when it made it and nothing else is in it
 
 ``task.group_by_length=true`` batches training examples of similar lengths together (:func:`lra.tasks.resume.group_by_length`),
 which on full ListOps brings the padded tokens of an epoch down to 0.56 of shuffled batches; evaluation keeps the files' order.
+``task.pad_multiple`` rounds each batch's length up to a multiple of it (at most ``task.max_length``): a few batch
+shapes (one with ``task.pad_multiple=${task.max_length}``), what CUDA graphs need (``model.compile=true`` on a GPU).
 
 Training order is resumable (docs/design.md §4 "Caching": same seed -> same result, interrupted or not): the train
 loader's order is a permutation derived from ``(seed, epoch)`` only (:class:`EpochSampler`,
@@ -23,6 +25,7 @@ datamodule's state and restored with it.
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 import json
 import logging
@@ -84,10 +87,13 @@ class SplitDataset(Dataset):
         return self.split.ids[index], self.split.lengths[index], self.split.labels[index]
 
 
-def collate(items: list) -> dict[str, torch.Tensor]:
-    """Stack items, trim padding to the longest sequence of the batch, build the key mask."""
+def collate(items: list, pad_multiple: int | None = None) -> dict[str, torch.Tensor]:
+    """Stack items, trim padding to the longest sequence of the batch (rounded up to a multiple of ``pad_multiple``
+    when given, at most the stored length: a few batch shapes, or one), build the key mask."""
     ids, lengths, labels = (torch.stack(column) for column in zip(*items))
     longest = max(int(lengths.max()), 1)
+    if pad_multiple is not None:
+        longest = min(-(-longest // pad_multiple) * pad_multiple, ids.shape[-1])
     ids = ids[..., :longest].long()
     mask = torch.arange(longest) < lengths.unsqueeze(-1)
     return {"input_ids": ids, "mask": mask, "label": labels}
@@ -99,8 +105,13 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     task_name: str = "task"
 
     def __init__(self, data_dir: str, max_length: int, batch_size: int, cache_dir: str | None, num_workers: int = 0,
-                 group_by_length: bool = False):
+                 group_by_length: bool = False, pad_multiple: int | None = None):
         super().__init__()
+        if pad_multiple is not None and (isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int)
+                                         or pad_multiple < 1):
+            raise ValueError(f"task.pad_multiple must be null or an integer >= 1 (got {pad_multiple!r}); e.g. "
+                             f"task.pad_multiple={max_length} pads every batch to task.max_length")
+        self.pad_multiple = pad_multiple
         self.data_dir = Path(data_dir)
         self.max_length = max_length
         self.batch_size = batch_size
@@ -200,7 +211,8 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         dataset = SplitDataset(self.splits[split])
         # Own generator: worker seeds come from it, not from the global stream dropout draws from.
-        options = dict(batch_size=self.batch_size, collate_fn=collate, num_workers=self.num_workers,
+        options = dict(batch_size=self.batch_size, collate_fn=functools.partial(collate, pad_multiple=self.pad_multiple),
+                       num_workers=self.num_workers,
                        persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.shuffle_seed))
         if not shuffle:
             return DataLoader(dataset, shuffle=False, **options)
