@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention import paths, seqconv_cpu
+from attention.landmark_means import landmark_means
 from attention.cur import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
 from attention.precision import autocast_off
@@ -73,26 +74,6 @@ def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torc
     else:
         sums = sums.view(batch, heads, m + 1, d)[:, :, :m]
     return sums / counts.clamp_min(1)[:, None, :, None], counts > 0
-
-
-def fused_segment_means(x: torch.Tensor, key_mask: torch.Tensor, key_bias: torch.Tensor,
-                        m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`segment_means` in the fused forms (:mod:`attention.paths`): the same landmarks ``(B, H, m, d)`` and
-    validity ``(B, m)``, the means as one fused attention call: attention with equal scores (``scale = 0``) over the
-    keys its mask lets through is their mean, so ``SDPA(·, x, x, scale=0, mask = the segment's real tokens)``
-    averages each segment (its gradient spreads ``dX̃_s / count_s`` over the segment's tokens). ``key_bias``: the
-    additive mask of ``key_mask`` (:func:`attention.paths.masking_bias`), ``(B, 1, 1, n)``.
-
-    A pad's running count of real tokens is that of the real token before it, so it falls in that token's segment
-    (or none, before the first real token): which segments hold a real token can be read off the unmasked segment
-    numbers, and the pads leave the means through ``key_bias``."""
-    rank = key_mask.cumsum(-1)  # (B, n): 1..n_real on real tokens
-    n_real = rank[:, -1:].clamp_min(1)
-    segment = torch.div((rank - 1) * m, n_real, rounding_mode="floor")  # (B, n)
-    members = segment[:, None, :] == paths.positions(m, x.device)[:, None]  # (B, m, n)
-    bias = torch.where(members[:, None], key_bias, paths.MASKED)  # (B, 1, m, n)
-    means = F.scaled_dot_product_attention(x.detach()[:, :, :m], x.detach(), x, attn_mask=bias, scale=0.0)
-    return means, members.any(-1)
 
 
 def _windows(x: torch.Tensor, block: int, width: int, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -267,18 +248,17 @@ class NystromAttention(nn.Module):
 
     def fused_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The forward in the fused forms (:mod:`attention.paths`), float32 (float64 stays) ``(B, H, n, d)``: the
-        landmarks of ``[Q | K]`` by one fused call (:func:`fused_segment_means`), then ``k2``, ``k3 V`` and
+        landmarks of ``Q`` and ``K`` by one operator (:func:`attention.landmark_means.landmark_means`), then ``k2``, ``k3 V`` and
         ``k1 W`` each one fused attention call (``k2`` with the identity as values: the weights themselves; rows
         of empty segments attend to their own slot only, which makes them the identity rows of the CPU form), the
         conv by cuDNN's depthwise convolution (:meth:`SequenceConv.fused`)."""
         batch, heads, n, d = q.shape
         m = min(self.num_landmarks, n)
         key_bias = paths.masking_bias(key_mask, q.dtype)[:, None, None, :]  # (B, 1, 1, n)
-        landmarks, valid = fused_segment_means(torch.cat([q, k], -1), key_mask, key_bias, m)  # (B, H, m, 2d), (B, m)
-        q_land, k_land = landmarks.split(d, -1)
+        # (B, H, m, d) each; the m landmark keys' additive mask (B, H or 1, 1, m) and validity (B, H or 1, m)
+        q_land, k_land, slots, valid = landmark_means(q, k, key_mask, key_bias, m)
         eye, self_only = paths.identity(m, q.dtype, q.device)
-        slots = paths.masking_bias(valid, q.dtype)[:, None, None, :]  # the m landmark keys, (B, 1, 1, m)
-        k2_mask = torch.where(valid[:, None, :, None], slots, self_only)  # (B, 1, m, m)
+        k2_mask = torch.where(valid[..., None], slots, self_only)  # (B, H or 1, m, m)
         k2 = F.scaled_dot_product_attention(q_land, k_land, eye.expand(batch, heads, m, m), attn_mask=k2_mask)
         k3v = F.scaled_dot_product_attention(q_land, k, v, attn_mask=key_bias)  # (B, H, m, d)
         w = paths.product_and_rows(iterative_pinv(k2, self.pinv_iters, self.pinv_init), k3v)[0]  # (B, H, m, d)

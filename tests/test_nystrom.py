@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention import paths, seqconv_cpu
-from attention.nystrom import NystromAttention, SequenceConv, fused_segment_means, segment_means
+from attention.landmark_means import fused_segment_means
+from attention.nystrom import NystromAttention, SequenceConv, segment_means
 from lra.module import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
@@ -17,7 +18,7 @@ from tests.attention_reference import (
     padded_mask,
     random_qkv,
 )
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_cli
 from tests.tolerances import tolerance
 
 
@@ -52,6 +53,15 @@ def test_fused_segment_means_equal_the_cpu_forms_values_validity_and_gradients()
     assert not results[1][1][3].any()
     for cpu, fused in zip(*results):
         torch.testing.assert_close(fused, cpu, atol=1e-12, rtol=0)
+
+
+def test_landmark_kernels_under_the_interpreter():
+    """``tests/test_landmark_kernels.py`` with ``TRITON_INTERPRET=1`` (the landmark kernels against the CPU forms, and
+    the whole fused Nyström with them), in a subprocess: the interpreter is chosen when the kernels are defined."""
+    proc = run_cli(["-m", "pytest", "tests/test_landmark_kernels.py", "-q", "-k", "not compile", "-p", "no:cacheprovider"],
+                   env={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.mark.parametrize("n, size", [(1, 5), (31, 3), (100, 35)])
