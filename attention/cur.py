@@ -23,6 +23,9 @@ fused ``attend``); no ``n × n`` matrix and no one-hot selection matrix is built
 Training on CPU with the softmax or the L1 score runs the same products as one autograd node
 (:mod:`attention.cur_cpu`), whose backward writes no ``n × d`` copies.
 
+On other devices than the CPU (CUDA; ``meta``) the softmax score runs the fused forms (:mod:`attention.paths`,
+:func:`fused_cur_attention`): three fused attention calls and a handful of batched operators, no host sync.
+
 Decisions: everything runs in float32 with autocast disabled (float64 stays float64) and the
 output is cast back to the input dtype. Slots that :mod:`attention.selection` had to put on pad
 positions (sequences with ``n_real < m``) are invalid: their columns of ``C`` are masked, their
@@ -52,7 +55,7 @@ class _WithRows(torch.autograd.Function):
 
     Same values and gradients as taking the two separately; backward adds the rows' gradient into a copy
     of ``x``'s (``scatter_add``) instead of autograd's zero-filled ``x``-sized scatter plus a sum of the
-    two (measured ~15 ms of a 140 ms CUR forward + backward on CPU, n = 4096, B = 8, H = 2, m = 64).
+    two: two ``n × d`` passes fewer per backward (docs/bench.md, "Numbers kept out of the code").
     """
 
     @staticmethod
@@ -156,11 +159,11 @@ def fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters: int, ov
     valid_k = valid_q if index_k is index_q else positions_mask.gather(2, index_k)
     q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
     k, k_rows = _with_rows(k, index_k)
-    eye, self_only = paths.identity(m, q.dtype, q.device)
+    self_only = paths.identity(m, q.dtype, q.device)[1]
     slots = paths.masking_bias(valid_k, q.dtype)[:, :, None, :]  # the m selected keys, (B, H, 1, m)
     rv = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=paths.masking_bias(key_mask, q.dtype)[:, None, None, :])
     u_mask = torch.where(valid_q[..., None], slots, self_only)  # invalid rows: their own slot, (B, H, m, m)
-    u = F.scaled_dot_product_attention(q_rows, k_rows, eye.expand(batch, heads, m, m), attn_mask=u_mask)
+    u = paths.attention_weights(q_rows, k_rows, u_mask)  # C[I], (B, H, m, m), contiguous
     w, rv = paths.product_and_rows(iterative_pinv(u, pinv_iters, pinv_init), rv)  # U⁺ (R V), (B, H, m, d)
     y = F.scaled_dot_product_attention(q, k_rows, w, attn_mask=slots)  # C W, (B, H, n, d)
     if overwrite_rows:  # out of place: the attention kernel saved y for its backward

@@ -1,4 +1,4 @@
-"""CUR attention with the softmax or the L1 score, trained on the CPU kernels of :mod:`attention.landmarks_cpu` as
+"""CUR attention with the softmax or the L1 score, trained on the CPU kernels of :mod:`kernels.cpu.landmarks` as
 one autograd node (docs/bench.md "CUR's backward without full-size copies").
 
 Same equations and values as :func:`attention.cur.cur_attention` (its module doc): ``R V`` by the few-queries
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from attention import landmarks_cpu
+from kernels.cpu import landmarks
 from attention.pinv import iterative_pinv
 from attention.selection import gather_rows
 
@@ -29,9 +29,9 @@ from attention.selection import gather_rows
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int) -> bool:
     """Whether both landmark products of CUR on ``q, k, v`` ``(B, H, n, d)`` with ``m`` landmarks run by the
     kernels, forward and backward (float32 CPU rows, ``d`` a multiple of the vector width, ``m ≤ 128``)."""
-    return (landmarks_cpu.kernel_takes(q, k, v)  # first: False under torch.compile, nothing else traced
-            and m <= landmarks_cpu.MAX_KEYS and q.shape[-1] % landmarks_cpu.vector_floats() == 0
-            and landmarks_cpu.backward_library() is not None)
+    return (landmarks.kernel_takes(q, k, v)  # first: False under torch.compile, nothing else traced
+            and m <= landmarks.MAX_KEYS and q.shape[-1] % landmarks.vector_floats() == 0
+            and landmarks.backward_library() is not None)
 
 
 class CURKernelAttention(torch.autograd.Function):
@@ -45,16 +45,16 @@ class CURKernelAttention(torch.autograd.Function):
         batch, heads, n, d = q.shape
         m = index_q.shape[-1]
         scale, l1 = score.kernel_form(d)
-        key_bias = landmarks_cpu.key_bias(key_mask[:, None, None, :], batch, heads, n, q)  # (B, 1, 1, n)
-        landmark_bias = landmarks_cpu.key_bias(valid_k[:, :, None, :], batch, heads, m, q)  # (B, H, 1, m)
+        key_bias = landmarks.key_bias(key_mask[:, None, None, :], batch, heads, n, q)  # (B, 1, 1, n)
+        landmark_bias = landmarks.key_bias(valid_k[:, :, None, :], batch, heads, m, q)  # (B, H, 1, m)
         q_rows, k_rows = gather_rows(q, index_q), gather_rows(k, index_k)
-        rv, rv_max, rv_sum = landmarks_cpu.few_queries_forward(q_rows, k, v, key_bias, scale, l1)  # R V (B, H, m, d)
+        rv, rv_max, rv_sum = landmarks.few_queries_forward(q_rows, k, v, key_bias, scale, l1)  # R V (B, H, m, d)
         with torch.enable_grad():  # the m × m middle, differentiated in backward
             middle = [x.detach().requires_grad_() for x in (q_rows, k_rows, rv)]
             c_rows = score(middle[0], middle[1], valid_k[:, :, None, :], index_q, index_k)  # U = C[I]
             eye = torch.eye(m, dtype=q.dtype, device=q.device)
             w = iterative_pinv(torch.where(valid_q[..., None], c_rows, eye), pinv_iters, pinv_init) @ middle[2]
-        y, y_max, y_sum = landmarks_cpu.few_keys_forward(q, k_rows, w.detach(), landmark_bias, scale, l1)  # C W
+        y, y_max, y_sum = landmarks.few_keys_forward(q, k_rows, w.detach(), landmark_bias, scale, l1)  # C W
         if overwrite_rows:
             y.scatter_(2, index_q[..., None].expand_as(rv), rv)
         ctx.save_for_backward(q, k, v, q_rows, k_rows, rv, y, y_sum.log_().add_(y_max), rv_sum.log_().add_(rv_max),
@@ -69,12 +69,12 @@ class CURKernelAttention(torch.autograd.Function):
         grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # e.g. the expanded gradient of a sum
         rows_q = index_q[..., None].expand_as(q_rows)
         zero_rows = index_q if ctx.overwrite_rows else None  # overwritten rows: no gradient through C W
-        dq, dk_rows, dw = landmarks_cpu.few_keys_backward(grad, q, k_rows, ctx.w, landmark_bias, y, y_lse,
+        dq, dk_rows, dw = landmarks.few_keys_backward(grad, q, k_rows, ctx.w, landmark_bias, y, y_lse,
                                                           ctx.scale, ctx.l1, zero_rows)
         dq_rows, dk_rows_middle, drv = torch.autograd.grad(ctx.w, ctx.middle, dw, retain_graph=True)  # as ctx's
         if ctx.overwrite_rows:
             drv += grad.gather(2, rows_q)
-        dq_rows_rv, dk, dv = landmarks_cpu.few_queries_backward(drv, q_rows, k, v, key_bias, rv, rv_lse, ctx.scale,
+        dq_rows_rv, dk, dv = landmarks.few_queries_backward(drv, q_rows, k, v, key_bias, rv, rv_lse, ctx.scale,
                                                                 ctx.l1)
         dq.scatter_add_(2, rows_q, dq_rows.add_(dq_rows_rv))
         dk.scatter_add_(2, index_k[..., None].expand_as(k_rows), dk_rows.add_(dk_rows_middle))

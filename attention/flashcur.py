@@ -21,7 +21,7 @@ Decisions: the kernels implement the softmax score only (CUR's ``score`` option 
 16/32/64/128 with inert slots (masked columns of C, identity block of U, never written to Y), so
 any m ≤ 128 runs. ``W`` and ``RV`` are float32; q/k/v may be float32, float16 or bfloat16
 (float32 accumulation); the output has q's dtype. Needs CUDA tensors, or the Triton interpreter
-(``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; CPU, ~60× slower).
+(``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; on CPU, for tests at tiny shapes).
 Cost as CUR: O(nmd + m²d + m³) time; O(nd + md + m²) memory (no O(nm) term).
 
 Each kernel (pair) is a ``torch.library`` custom op (``lra_flashcur::*``) with a fake implementation (shapes
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from attention import paths
 from attention.cur import CURAttention, _with_rows
-from attention.pinv import iterative_pinv
+from attention.pinv import fused_takes, iterative_pinv
 from attention.precision import autocast_off
 from attention.selection import gather_rows
 from kernels.common.launch import device_capability, interpreted
@@ -168,10 +168,10 @@ _out_forward.register_autograd(_out_grad, setup_context=_out_setup)
 
 
 class _RecomputedPinv(torch.autograd.Function):
-    """:func:`attention.pinv.iterative_pinv` saving only ``U``: the backward runs the iteration again and
-    differentiates it, so the iterates (``5 · n_iter`` matrices of ``m × m`` per head, as much as half an ``n × m``
-    matrix at n = 4096, m = 64) are not kept from forward to backward. (``torch.utils.checkpoint`` does the same
-    but makes a tensor on the host in each call, which a GPU step must not.)"""
+    """:func:`attention.pinv.iterative_pinv` in its PyTorch form saving only ``U``: the backward runs the iteration
+    again and differentiates it, so its ``5 · n_iter`` matrices of ``m × m`` per head (at n = 4096, m = 64 half the
+    size of an ``n × m`` one) are not kept from forward to backward. (``torch.utils.checkpoint`` does the same but
+    makes a tensor on the host in each call, which a GPU step must not.)"""
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, n_iter: int, init: str) -> torch.Tensor:
@@ -249,7 +249,8 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     with autocast_off(q.device.type):
         eye = paths.identity(size, torch.float32, q.device)[0]
         u = torch.where(valid_q[..., None], _u_forward(q_sel, k_sel, valid_k), eye)  # identity rows on invalid slots
-        pinv = _RecomputedPinv.apply(u, pinv_iters, pinv_init)  # U⁺, (B, H, M, M)
+        # U⁺, (B, H, M, M): the fused kernels keep one iterate a step for their backward, the PyTorch form recomputes
+        pinv = iterative_pinv(u, pinv_iters, pinv_init) if fused_takes(u) else _RecomputedPinv.apply(u, pinv_iters, pinv_init)
         w, rv = paths.product_and_rows(pinv, rv)  # U⁺ RV, (B, H, M, d)
     slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=q.device)
     if overwrite_rows:

@@ -18,7 +18,7 @@ on ``A``, which takes about 20 iterations, not the default 6. Measured (float64,
 3.1–3.7e-2 at 6 iterations, 1.7–3.0e-3 at 10, ≤ 1.2e-4 at 15, ≤ 2.4e-6 at 20 (1e-14 for most
 seeds); with q, k halved, 1.6–2.5e-2 at 6. The conv (``conv_kernel_size``, 35 in the LRA code;
 null disables it) sees V with pad rows zeroed; :class:`SequenceConv` computes it (the sums of ``F.conv1d``
-with ``groups = heads``) on CPU with the kernels of :mod:`attention.seqconv_cpu`, elsewhere and under
+with ``groups = heads``) on CPU with the kernels of :mod:`kernels.cpu.seqconv`, elsewhere and under
 ``torch.compile`` as banded matrix products over blocks of the sequence, the pad mask and the sum with the
 attention term folded into the copies those products make. ``k3 V`` and ``k1 (pinv(k2) k3 V)``
 go through :meth:`attention.scores.SoftmaxScore.attend` (one fused SDPA call each on CPU: the ``n × m``
@@ -26,7 +26,9 @@ weights are never stored). Landmarks
 and ``pinv`` run in float32 with autocast disabled (float64 stays float64); ``pinv_init`` picks the
 scale of ``pinv``'s start (``per_head``, eq. 16 as written, or ``global``, the public code's;
 :mod:`attention.pinv`). Cost O(nmd + m³) time, O(nm) memory. Default m = 64 (the paper's LRA
-numbers use 128/256).
+numbers use 128/256). On other devices than the CPU (CUDA; ``meta``) the same maths runs in the fused forms
+(:mod:`attention.paths`, :meth:`NystromAttention.fused_forward`): the landmarks one Triton kernel
+(:mod:`attention.landmark_means`), each product one fused attention call, the conv one depthwise convolution.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from torch import nn
 
 from attention import paths, seqconv_cpu
 from attention.landmark_means import landmark_means
+from kernels.cpu import seqconv
 from attention.cur import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
 from attention.precision import autocast_off
@@ -54,12 +57,12 @@ def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torc
     counts = torch.zeros(batch, m + 1, dtype=x.dtype, device=x.device).scatter_add_(
         1, segment, torch.ones_like(segment, dtype=x.dtype)
     )[:, :m]
-    if seqconv_cpu.uses_kernel(x):  # one pass over x's rows, in any layout
+    if seqconv.uses_kernel(x):  # one pass over x's rows, in any layout
         sums = seqconv_cpu.SegmentSums.apply(x, segment, m)
         return sums / counts.clamp_min(1)[:, None, :, None], counts > 0
     # sums over rows of x's memory, whichever layout it has (no copy): B·n rows of H·d values for the model's
-    # (B, n, H, d) memory, B·H·n rows of d for contiguous (B, H, n, d); ~2.5× faster on CPU than a scatter_add
-    # over (B, H, n, d), same sums in the same order
+    # (B, n, H, d) memory, B·H·n rows of d for contiguous (B, H, n, d); one index per row where a scatter_add over
+    # (B, H, n, d) reads one per element (docs/bench.md, "Numbers kept out of the code"), same sums in the same order
     by_token = not x.is_contiguous() or x.transpose(1, 2).is_contiguous()
     offsets = torch.arange(batch * (1 if by_token else heads), device=x.device) * (m + 1)
     if by_token:
@@ -152,11 +155,10 @@ class SequenceConv(nn.Module):
 
     ``y[b, h, i] = Σ_t w[h, t] · x[b, h, i + t − K//2]`` with zero padding (odd ``K``: same length), i.e.
     ``F.conv1d`` over ``(B·d, H, n)`` with ``groups = H`` and ``weight`` ``(H, 1, K)``. On CPU (eager, float32/64)
-    the kernels of :mod:`attention.seqconv_cpu` (2–3× faster than the products below, forward and backward);
-    elsewhere products with a banded (Toeplitz) ``(block × (block + K − 1))`` matrix per head over overlapping
-    windows of ``block`` output rows: measured on CPU (n = 4096, B = 8, H = 2, d = 32, K = 35, 1 thread) ~10×
-    faster than ``nn.Conv2d`` with a ``(K, 1)`` kernel and ~4× faster than ``F.conv1d``. Checkpoints from that
-    ``Conv2d`` layout (weight ``(H, 1, K, 1)``) load.
+    the kernels of :mod:`kernels.cpu.seqconv`; elsewhere products with a banded (Toeplitz)
+    ``(block × (block + K − 1))`` matrix per head over overlapping windows of ``block`` output rows: O(n·K·d) work
+    as large batched GEMMs instead of ``F.conv1d``'s depthwise loop over ``B·d`` channels (timings: docs/bench.md,
+    "Numbers kept out of the code"). Checkpoints from the earlier ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``) load.
     """
 
     block = 32
@@ -180,11 +182,11 @@ class SequenceConv(nn.Module):
         None (all real), ``base`` ``(B, H, n, d)`` or None (0): the mask and the sum are folded into the copies
         the banded products make anyway. ``overwrite_base``: the caller's scratch ``base`` may hold the result
         (the CPU kernel writes it in place when autograd records nothing: no sequence-sized allocation)."""
-        if seqconv_cpu.uses_kernel(x) and (base is None or base.stride(-1) == 1):  # CPU: the mask is read for free
+        if seqconv.uses_kernel(x) and (base is None or base.stride(-1) == 1):  # CPU: the mask is read for free
             mask = None if key_mask is None or bool(key_mask.all()) else key_mask.to(x.dtype).contiguous()
             weight = self.weight[:, 0, :].to(x.dtype)
             if overwrite_base and base is not None and not torch.is_grad_enabled():
-                return seqconv_cpu.conv(x, weight, in_mask=mask, base=base, out=base)
+                return seqconv.conv(x, weight, in_mask=mask, base=base, out=base)
             return seqconv_cpu.ConvFunction.apply(x, weight, mask, base)
         mask = None if key_mask is None else key_mask[:, None, :, None].to(x.dtype)
         return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
@@ -257,9 +259,8 @@ class NystromAttention(nn.Module):
         key_bias = paths.masking_bias(key_mask, q.dtype)[:, None, None, :]  # (B, 1, 1, n)
         # (B, H, m, d) each; the m landmark keys' additive mask (B, H or 1, 1, m) and validity (B, H or 1, m)
         q_land, k_land, slots, valid = landmark_means(q, k, key_mask, key_bias, m)
-        eye, self_only = paths.identity(m, q.dtype, q.device)
-        k2_mask = torch.where(valid[..., None], slots, self_only)  # (B, H or 1, m, m)
-        k2 = F.scaled_dot_product_attention(q_land, k_land, eye.expand(batch, heads, m, m), attn_mask=k2_mask)
+        k2_mask = torch.where(valid[..., None], slots, paths.identity(m, q.dtype, q.device)[1])  # (B, H or 1, m, m)
+        k2 = paths.attention_weights(q_land, k_land, k2_mask)  # (B, H, m, m), contiguous
         k3v = F.scaled_dot_product_attention(q_land, k, v, attn_mask=key_bias)  # (B, H, m, d)
         w = paths.product_and_rows(iterative_pinv(k2, self.pinv_iters, self.pinv_init), k3v)[0]  # (B, H, m, d)
         y = F.scaled_dot_product_attention(q, k_land, w, attn_mask=slots)  # k1 W, (B, H, n, d)

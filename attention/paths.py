@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 FUSED_ON_CPU = False
 
@@ -50,6 +51,22 @@ def identity(m: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Te
     launch per call."""
     eye = torch.eye(m, dtype=dtype, device=device)
     return eye, masking_bias(eye.bool(), dtype)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``softmax(q kᵀ / √d + mask)`` itself, ``(B, H, a, b)`` for ``q`` ``(B, H, a, d)``, ``k`` ``(B, H, b, d)`` and an
+    additive ``mask`` broadcasting to ``(B, H, a, b)``, by one fused attention call with the identity as values (the
+    weights times ``I``). Heads ride in the batch (``(B·H, 1, ·, ·)``, free for contiguous operands), so the result is
+    contiguous: an attention kernel writes its output as ``(B, a, H, ·)``, which the pseudo-inverse would copy."""
+    batch, heads, a, _ = q.shape
+    b = k.shape[-2]
+
+    def fold(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(batch * heads, 1, *x.shape[-2:])
+
+    eye = identity(b, q.dtype, q.device)[0].expand(batch * heads, 1, b, b)
+    weights = F.scaled_dot_product_attention(fold(q), fold(k), eye, attn_mask=fold(mask.expand(batch, heads, a, b)))
+    return weights.view(batch, heads, a, b)
 
 
 class _ProductAndRows(torch.autograd.Function):

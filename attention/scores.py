@@ -23,7 +23,9 @@ import math
 import torch
 from torch import nn
 
-from attention import landmarks_cpu, l1_cpu
+from attention import landmarks_cpu
+from kernels.cpu import l1 as l1_kernels
+from kernels.cpu import landmarks as landmark_kernels
 from attention.precision import autocast_off
 
 
@@ -37,7 +39,7 @@ class MaskedSoftmax(torch.autograd.Function):
     ``key_mask`` (bool, broadcastable to ``logits``, True = real key) or None:
 
     1. masked logits are shifted by half the dtype's lowest finite value (an add of a small
-       ``key_mask``-shaped bias: on CPU ~5× cheaper than a broadcast ``masked_fill_``, and it cannot
+       ``key_mask``-shaped bias, one pass where a broadcast ``masked_fill_`` writes a mask-sized index, and it cannot
        overflow a finite logit), so ``exp`` gives them exactly 0 wherever the row has a real key;
     2. row softmax in place: on CPU ATen's kernel writes into its input (each row is read before it is
        overwritten; tests/test_scores.py checks it against ``torch.softmax``), one pass over memory
@@ -131,7 +133,7 @@ class SoftmaxScore(nn.Module):
         return self(q, k, key_mask) @ v
 
     def kernel_form(self, d: int) -> tuple[float, bool]:
-        """``(scale, l1)`` of :mod:`attention.landmarks_cpu`'s kernels for this score at head size ``d``."""
+        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks`' kernels for this score at head size ``d``."""
         return d**-0.5, False
 
 
@@ -139,7 +141,7 @@ CPU_KERNEL = True  # False runs the PyTorch path of other devices on CPU too (te
 
 
 def uses_cpu_kernel(x: torch.Tensor) -> bool:
-    """Whether L1 scores of ``x`` run the compiled kernels of :mod:`attention.l1_cpu` (CPU tensors, outside
+    """Whether L1 scores of ``x`` run the compiled kernels of :mod:`kernels.cpu.l1` (CPU tensors, outside
     ``torch.compile``: a ctypes call would break its graph; compiled code runs the PyTorch forms)."""
     return CPU_KERNEL and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
@@ -156,7 +158,7 @@ class L1Distance(torch.autograd.Function):
     """``scale · ‖q_i − k_j‖₁`` ``(..., a, b)`` from ``q`` ``(..., a, d)`` and ``k`` ``(..., b, d)`` (same ``...``).
 
     Backward: ``∂D_ij/∂q_i = scale · sign(q_i − k_j)``, ``∂D_ij/∂k_j = −scale · sign(q_i − k_j)``
-    (``sign(0) = 0``). On CPU both directions are the kernels of :mod:`attention.l1_cpu` (no
+    (``sign(0) = 0``). On CPU both directions are the kernels of :mod:`kernels.cpu.l1` (no
     ``(a, b, d)`` tensor at all). Elsewhere: ``torch.cdist(p=1)`` forward and a query-chunked backward
     with at most :data:`L1_GRAD_BUDGET` elements of a ``(..., chunk, b, d)`` sign tensor alive at a time.
     """
@@ -171,7 +173,7 @@ class L1Distance(torch.autograd.Function):
             raise ValueError(f"L1Distance: q {tuple(q.shape)} and k {tuple(k.shape)} need the same leading dims")
         out = q.new_empty(*q.shape[:-1], k.shape[-2])  # (..., a, b); not a view: callers softmax it in place
         q3, k3 = q.reshape(-1, *q.shape[-2:]).contiguous(), k.reshape(-1, *k.shape[-2:])
-        l1_cpu.distance(q3, k3.transpose(1, 2), scale, out=out.view(-1, *out.shape[-2:]))
+        l1_kernels.distance(q3, k3.transpose(1, 2), scale, out=out.view(-1, *out.shape[-2:]))
         return out
 
     @staticmethod
@@ -180,9 +182,9 @@ class L1Distance(torch.autograd.Function):
         q, k = ctx.saved_tensors
         if uses_cpu_kernel(q):
             *_, a, d = q.shape
-            q3, k3 = (l1_cpu.pad_columns(x.reshape(-1, *x.shape[-2:])) for x in (q, k))
+            q3, k3 = (l1_kernels.pad_columns(x.reshape(-1, *x.shape[-2:])) for x in (q, k))
             grad_q, grad_k = torch.empty_like(q3), torch.zeros_like(k3)
-            l1_cpu.sign_grad(grad.reshape(-1, a, k.shape[-2]).contiguous(), q3, k3, grad_q, grad_k, ctx.scale)
+            l1_kernels.sign_grad(grad.reshape(-1, a, k.shape[-2]).contiguous(), q3, k3, grad_q, grad_k, ctx.scale)
             grad_q, grad_k = grad_q[..., :d].reshape(q.shape), grad_k[..., :d].reshape(k.shape)
         else:
             grad_q, grad_k = L1Distance.torch_backward(grad * ctx.scale, q, k, *ctx.needs_input_grad[:2])
@@ -241,11 +243,11 @@ class L1Score(nn.Module):
         with autocast_off(q.device.type):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
-            if (uses_cpu_kernel(q) and landmarks_cpu.kernel_for(q, k, v, mask) is not None
-                    and landmarks_cpu.backward_library() is not None):
+            if (uses_cpu_kernel(q) and landmark_kernels.kernel_for(q, k, v, mask) is not None
+                    and landmark_kernels.backward_library() is not None):
                 return landmarks_cpu.attend(q, k, v, mask, l1_scale=self.kernel_form(q.shape[-1])[0])
             return self(q, k, key_mask) @ v
 
     def kernel_form(self, d: int) -> tuple[float, bool]:
-        """``(scale, l1)`` of :mod:`attention.landmarks_cpu`'s kernels for this score at head size ``d``."""
+        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks`' kernels for this score at head size ``d``."""
         return -self.lam / math.sqrt(d), True

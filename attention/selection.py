@@ -27,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from attention import paths, selection_cpu
+from attention import paths
+from kernels.cpu import selection as selection_kernels
 
 
 def _step_priority(x: torch.Tensor, key_mask: torch.Tensor, m: int, **_) -> torch.Tensor:
@@ -46,9 +47,10 @@ def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, 
 
 
 def _abs_priority(x: torch.Tensor, **_) -> torch.Tensor:
-    """``Σ_d |X[i, d]|``: one pass on CPU (:mod:`attention.selection_cpu`; ``linalg.vector_norm(x, ord=1)`` is ~10×
-    slower there than ``abs`` + ``sum``), one reduction (``vector_norm``) in the fused forms (:mod:`attention.paths`)."""
-    return torch.linalg.vector_norm(x, 1, -1) if paths.fused(x) else selection_cpu.abs_row_sums(x)
+    """``Σ_d |X[i, d]|``: one pass on CPU (:func:`kernels.cpu.selection.abs_row_sums`, else ``abs`` + ``sum``:
+    ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"), one reduction
+    (``vector_norm``) in the fused forms of other devices (:mod:`attention.paths`)."""
+    return torch.linalg.vector_norm(x, 1, -1) if paths.fused(x) else selection_kernels.abs_row_sums(x)
 
 
 RULES: dict[str, Callable[..., torch.Tensor]] = {
@@ -81,11 +83,11 @@ def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool
 
     The indices a stable descending sort would rank first, without sorting over ``n``: every priority above
     the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf). On CPU
-    (float32, eager) the same by a kernel (:func:`attention.selection_cpu.top_indices`).
+    (float32, eager) the same by a kernel (:func:`kernels.cpu.selection.top_indices`).
     """
     if paths.fused(priority):
         return _top_by_sorting(priority, key_mask, m, force_cls)
-    top = selection_cpu.top_indices(priority, key_mask, m, force_cls)
+    top = selection_kernels.top_indices(priority, key_mask, m, force_cls)
     if top is not None:
         return top
     priority = priority.nan_to_num(nan=torch.inf, posinf=torch.inf).masked_fill(~key_mask[:, None, :], -torch.inf)

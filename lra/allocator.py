@@ -6,10 +6,8 @@ tensor of a few MiB freed at the end of one call is returned to the OS and the n
 is page-faulted in again, 4 KiB at a time. Attention benchmarks and training steps allocate the same sizes every
 call: :func:`retain_freed_memory` raises both thresholds so those blocks stay in the heap and are reused.
 
-Measured (docs/bench.md "L1-CUR on the landmark kernels, and an allocator that keeps freed memory"): CUR
-attention's forward + backward at n = 4096, batch 8, one thread, 70 -> 63 ms; a ListOps training step, whose
-blocks glibc's adaptive thresholds mostly keep already, within noise. The process keeps its peak heap for its
-lifetime. Other C libraries (macOS, musl) have no ``mallopt``: nothing changes there.
+Measured: docs/bench.md, "L1-CUR on the landmark kernels, and an allocator that keeps freed memory". The process
+keeps its peak heap for its lifetime. Other C libraries (macOS, musl) have no ``mallopt``: nothing changes there.
 """
 
 from __future__ import annotations

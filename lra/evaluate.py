@@ -5,7 +5,8 @@ composes ``configs/evaluate.yaml`` (train.yaml plus ``ckpt_path``), builds the m
 and model settings stored in the checkpoint (:func:`lra.checkpoints.with_checkpoint_settings`; a group named on the
 command line replaces them, so ``attention=<a>`` transfers the weights to another attention), loads the checkpoint's weights (:func:`lra.checkpoints.load_transferred_weights`: strict
 on shared parameters, naming any skipped or freshly initialised one), tests it and writes
-``<run dir>/results.json`` with ``test_acc`` (and ``independent_test_acc`` where the data holds it),
+``<run dir>/results.json`` with ``test_acc`` (and ``independent_test_acc`` where the data holds it, and the
+task's shortcut on each tested split, ``shortcut_<split>_acc``),
 ``transferred_from``, ``skipped`` and ``initialised``, and ``predictions.json`` beside it.
 This is CUR paper Table 3 (MEGA -> MegaCUR) and §8 (softmax ViT -> CUR) without fine-tuning; for
 fine-tuning, train with ``init_from=<ckpt>``. Run dirs go under ``outputs/evaluations/`` (not
@@ -42,6 +43,7 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
     write_test_predictions(trainer, module, run_dir)
     return {
         **accuracies,
+        **datamodule.shortcut_record(),
         "steps": 0,
         "eval_time_s": time.perf_counter() - started,
         "transferred_from": str(Path(cfg.ckpt_path).resolve()),

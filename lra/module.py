@@ -193,9 +193,9 @@ def compile_in_place(model: nn.Module, device: torch.device, backend: str | Call
     * On a GPU, ``mode="reduce-overhead"``: each step's kernels are captured once in a CUDA graph and replayed, one
       launch for the whole network instead of one per kernel; with static shapes (``dynamic=False``: one graph per
       batch shape; ``lra.train`` pads batches, ``task.pad_multiple``).
-    * On CPU, Inductor draws random numbers with ATen's generator (``fallback_random``): its own CPU generator made
-      compiled CURformer training 0.76× eager (ListOps n = 2000, batch 32, one thread; 1.02× with ATen's,
-      docs/bench.md "Compiling"), and so a compiled step's dropout masks are the eager step's.
+    * On CPU, Inductor draws random numbers with ATen's generator (``fallback_random``): its own CPU generator was
+      slower than eager there (docs/bench.md, "Compiling"), and so a compiled step's dropout masks are the eager
+      step's.
 
     Autocast (``trainer.precision=bf16-mixed``) is entered inside the compiled code, with the caller's setting:
     compiled from outside it, the backward of an autograd Function run under ``autocast_off`` (the pseudo-inverse)

@@ -76,7 +76,11 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 # Keys added to the configs after runs were recorded, with the value those runs ran with: a record without the
 # key compares as that value, so a run recorded before the key existed still resumes and still counts as done.
-ADDED_LATER = {"model.compile": False}
+ADDED_LATER = {"model.compile": False, "task.group_by_length": False, "task.augment": None}
+# Keys added later that only follow others (the datamodule's copies of the keys above, the choices of task.augment,
+# the folder listops_small generates into without a note): a record without one is compared without it.
+ADDED_LATER_DERIVED = ("task.datamodule.group_by_length", "task.datamodule.augment", "task.augmentations",
+                       "task.datamodule.augmentations", "task.datamodule.generate.default_dir")
 
 
 def flat_settings(config: dict) -> dict[str, Any]:
@@ -84,10 +88,21 @@ def flat_settings(config: dict) -> dict[str, Any]:
     return {**ADDED_LATER, **flatten(json.loads(json.dumps(config, default=str)))}
 
 
+def compared_settings(recorded: dict, current: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both configs as :func:`flat_settings`, the current one without the :data:`ADDED_LATER_DERIVED` keys the
+    recorded one lacks."""
+    def under(key: str, prefix: str) -> bool:
+        return key == prefix or key.startswith(prefix + ".")
+
+    old, new = flat_settings(recorded), flat_settings(current)
+    lacking = [prefix for prefix in ADDED_LATER_DERIVED if not any(under(key, prefix) for key in old)]
+    return old, {key: value for key, value in new.items() if not any(under(key, prefix) for prefix in lacking)}
+
+
 def config_differences(recorded: dict, current: dict, limit: int = 5) -> list[str]:
     """``key: recorded -> current`` for the (first ``limit``) keys whose values differ, as JSON stores them
-    (:func:`flat_settings`: keys added later compare as their old value)."""
-    old, new = flat_settings(recorded), flat_settings(current)
+    (:func:`compared_settings`: keys added later compare as their old value, or not at all)."""
+    old, new = compared_settings(recorded, current)
     keys = sorted(key for key in old.keys() | new.keys() if old.get(key, "<absent>") != new.get(key, "<absent>"))
     shown = [f"{key}: {old.get(key, '<absent>')} -> {new.get(key, '<absent>')}" for key in keys[:limit]]
     return shown + ([f"{len(keys) - limit} more"] if len(keys) > limit else [])

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from lra.results import flat_settings
+from lra.results import compared_settings
 from lra.tasks.files import atomic_write_text
 
 RECORD = "config_resolved.yaml"
@@ -45,8 +45,8 @@ def is_neutral(key: str) -> bool:
 
 def settings_differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """``(key, recorded, current)`` for every key outside :data:`NEUTRAL` whose value differs (a key of
-    :data:`lra.results.ADDED_LATER` the record lacks counts as its value there)."""
-    old, new = flat_settings(recorded), flat_settings(current)
+    :data:`lra.results.ADDED_LATER` the record lacks counts as its value there, one of ``ADDED_LATER_DERIVED`` not at all)."""
+    old, new = compared_settings(recorded, current)
     keys = sorted(key for key in old.keys() | new.keys()
                   if not is_neutral(key) and old.get(key, "<absent>") != new.get(key, "<absent>"))
     return [(key, old.get(key, "<absent>"), new.get(key, "<absent>")) for key in keys]

@@ -3,7 +3,8 @@
 Composes ``configs/train.yaml``, builds the datamodule, model, callbacks, loggers and trainer from
 their ``_target_`` configs, fits (resuming from the newest checkpoint of ``<run dir>/checkpoints`` that
 loads; a command whose settings are not the run dir's recorded ones is refused first: :mod:`lra.run_dir`),
-tests the best-validation checkpoint and writes ``<run dir>/results.json``. With ``pretrain.steps > 0`` a
+tests the best-validation checkpoint and writes ``<run dir>/results.json`` (with ``train_examples`` and the task's
+shortcut on each evaluated split, ``shortcut_<split>_acc``: :meth:`lra.tasks.base.CachedDataModule.shortcut_record`). With ``pretrain.steps > 0`` a
 self-pretraining stage runs first in ``<run dir>/pretrain/`` (:func:`pretrain_stage`). A run dir that already
 holds a completed run is not trained again. In a multirun a failing job records ``status: failed``
 and the sweep goes on; the sweep exits non-zero at the end. SIGTERM (preemption) records
@@ -165,6 +166,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if has_best else None,
         "resumed_from_step": resumed_from_step,
         "val_curve": val_curve,
+        "train_examples": len(datamodule.splits["train"]),
+        **datamodule.shortcut_record(),
         **pretrained,
     }
 

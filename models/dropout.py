@@ -2,13 +2,11 @@
 
 :class:`Dropout` is a drop-in for ``nn.Dropout`` (a subclass: same ``p``, same empty state dict, so
 checkpoints load unchanged). In training mode with ``0 < p < 1`` on a CPU float32, float64 or bfloat16
-tensor it computes, in one pass of ``dropout_cpu.cpp``::
+tensor it computes, in one pass of :func:`kernels.cpu.dropout.dropout`::
 
     y_i = x_i · keep_i / (1 − p),   keep_i = [ hash(seed, i) ≥ p · 2³² ],   i = flat index of x (contiguous)
 
-with ``hash`` the splitmix64 output function (Steele, Lea & Flood, OOPSLA 2014; Vigna's constants):
-``h_i = mix(mix(seed) + i · 0x9E3779B97F4A7C15)``, its upper 32 bits against ``round(p · 2³²)``. The
-decision depends on ``(seed, i)`` only, so it is the same for any ``torch.get_num_threads()`` and any
+The decision depends on ``(seed, i)`` only, so it is the same for any ``torch.get_num_threads()`` and any
 chunking. The 64-bit seed is drawn from torch's default CPU generator on every call
 (``torch.randint``), so ``torch.manual_seed`` and the RNG state our checkpoints save keep runs
 reproducible, and consecutive calls draw different masks. Backward is the same kernel on the gradient
@@ -23,59 +21,33 @@ compiled step sees the eager step's masks.
 
 Device dispatch, not a fallback: eval mode and ``p = 0`` are the identity, ``p = 1`` and tensors on
 other devices (CUDA) or of other dtypes go to ``F.dropout`` exactly as ``nn.Dropout`` does. Without a
-C++ compiler (the kernel is built on first use by :func:`attention.l1_cpu.build`) it warns once and
+C++ compiler (the kernel is built on first use by :mod:`kernels.cpu.build`) it warns once and
 uses ``F.dropout`` on CPU too.
-
-Measured on 32 × 2000 × 128 float32 (8.2 M elements, one thread, AMD EPYC with AVX-512, CPU time per
-call): 8.6 ms, against 87 ms for ``F.dropout`` (ATen's CPU ``bernoulli_`` runs a scalar mt19937 loop
-where MKL's generator is not used, i.e. off Intel CPUs) and 2.6 ms for one ``x * c`` pass; the training
-step: docs/bench.md "Dropout on CPU".
+Measured: docs/bench.md, "Dropout on CPU".
 """
 
 from __future__ import annotations
-
-import ctypes
-import functools
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import l1_cpu
+from kernels.cpu import dropout as kernel
 
-SOURCE = Path(__file__).with_name("dropout_cpu.cpp")
-KERNELS = {torch.float32: "dropout_f32", torch.float64: "dropout_f64", torch.bfloat16: "dropout_bf16"}
 SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # torch.randint's range: (almost) every 64-bit seed
-
-
-@functools.lru_cache(maxsize=None)
-def library() -> ctypes.CDLL | None:
-    """``dropout_cpu.cpp`` built by :func:`attention.l1_cpu.build`, or None (with a warning) without a compiler."""
-    lib = l1_cpu.load_or_warn(SOURCE, "Dropout on CPU runs as F.dropout")
-    if lib is None:
-        return None
-    for name in KERNELS.values():
-        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
-                                       ctypes.c_double, ctypes.c_int]
-    return lib
 
 
 @torch.compiler.assume_constant_result
 def kernel_available() -> bool:
     """Whether the CPU kernel is built (a constant to ``torch.compile``: building it is no part of a graph)."""
-    return library() is not None
+    return kernel.library() is not None
 
 
 @torch.library.custom_op("lra::dropout", mutates_args=())
 def dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
     """``x · keep / (1 − p)`` with ``keep_i = hash(seed, i) ≥ p · 2³²`` (CPU, ``0 < p < 1``; ``seed`` an int64
     scalar tensor): the result is contiguous, with ``x``'s shape and dtype."""
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    getattr(library(), KERNELS[x.dtype])(x.data_ptr(), y.data_ptr(), x.numel(), int(seed) % 2**64, p,
-                                         torch.get_num_threads())
-    return y
+    return kernel.dropout(x, int(seed), p)
 
 
 @dropout.register_fake
@@ -103,7 +75,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        if self.p == 1 or x.device.type != "cpu" or x.dtype not in KERNELS or not kernel_available():
+        if self.p == 1 or x.device.type != "cpu" or x.dtype not in kernel.KERNELS or not kernel_available():
             return F.dropout(x, self.p, training=True)
         seed = torch.randint(SEED_LOW, SEED_HIGH, (), dtype=torch.int64)  # torch's default CPU generator
         return dropout(x, seed, self.p)

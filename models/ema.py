@@ -80,7 +80,7 @@ class BidirectionalEMA(nn.Module):
         product over two exp tables of ``⌈length / s⌉`` and ``s`` columns, instead of ``2·D·ndim·length`` exps
         (each table entry is rounded as ``exp(l·log q)`` is, plus one product). The powers tensor of that size
         also held ~3 % subnormal values (``q^l`` under 1.2e-38 at long lags), and on x86 an ``exp`` or a product
-        with a subnormal result takes a microcode-assisted path ~100× slower per element.
+        with a subnormal result takes a microcode-assisted path, far slower per element.
         """
         alpha, delta, beta, eta = (p.to(dtype) for p in (self.alpha, self.delta, self.beta, self.eta))
         p = torch.sigmoid(alpha)

@@ -178,7 +178,7 @@ class MegaBlock(nn.Module):
     def mx_parts(self, mx: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``mx W_mx + b`` split as ``(u, z, r, hx)`` (widths ``d_model, z_dim, hidden_dim, d_model``), one product per
         part with its rows of ``mx_proj``: the backward then adds four ``(B·n, d_model)`` input gradients instead of
-        concatenating a ``(B·n, 2·d_model + z_dim + hidden_dim)`` one (1.7× faster for this step, docs/bench.md)."""
+        concatenating a ``(B·n, 2·d_model + z_dim + hidden_dim)`` one (docs/bench.md, "MEGA's gate projection by parts")."""
         cuts = list(itertools.accumulate([0, self.d_model, self.z_dim, self.hidden_dim, self.d_model]))
         weight, bias = self.mx_proj.weight, self.mx_proj.bias
         return tuple(F.linear(mx, weight[a:b], bias[a:b]) for a, b in zip(cuts, cuts[1:]))

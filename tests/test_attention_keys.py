@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 
 from attention.linear import DeltaRuleAttention
 from lra.module import build_attention, build_model
-from tests.attention_reference import padded_mask, random_qkv
+from tests.attention_reference import assert_padding_invariant, dense_softmax_weights, padded_mask, random_qkv
 from tests.tolerances import tolerance
 from tests.conftest import compose_config
 
@@ -117,3 +117,17 @@ def test_linear_group_override_builds_the_branch():
     model = build_model(compose_config(["attention=liza", "attention/linear=delta", "attention.linear.chunk_size=16"]))
     branches = [module.linear for module in attention_modules(model)]
     assert branches and all(isinstance(b, DeltaRuleAttention) and b.chunk_size == 16 for b in branches)
+
+
+def test_materialised_softmax_is_the_dense_reference_and_ignores_padding():
+    """``attention=softmax_materialised`` (the papers' "Transformer" row) computes the dense reference's weights
+    times V; a sequence without any real key gives 0 rows (SDPA's convention), and pad tokens change nothing."""
+    attn = build_attention(compose_config(["attention=softmax_materialised"]).attention, 2, 8).eval()
+    assert attn.materialise
+    q, k, v = random_qkv(n=24, dtype=torch.float64)
+    mask = padded_mask(2, 24, [24, 0])
+    y = attn(q, k, v, mask)
+    expected = dense_softmax_weights(q[:1], k[:1], mask[:1]) @ v[:1]
+    torch.testing.assert_close(y[:1], expected, **tolerance(torch.float64, 24, scale=1.0))  # |v| ~ 1: sums can cancel
+    assert torch.equal(y[1], torch.zeros_like(y[1]))
+    assert_padding_invariant(attn)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention import landmarks_cpu
+from kernels.cpu import landmarks as landmarks_cpu
 from attention.cur import cur_attention
 from attention.scores import L1Score, SoftmaxScore
 from attention.selection import select_indices

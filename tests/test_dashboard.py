@@ -4,7 +4,6 @@ offline-run reader (``wandb leet inspect``); the dashboard spec built offline an
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,19 +140,16 @@ def test_the_wandb_workspaces_objects_are_built_offline_from_the_spec():
 def test_published_numbers_are_the_reports_for_the_same_runs():
     """The recorded ListOps runs (docs/runs) get the published number lra.analysis.report sets beside them."""
     rows, _ = group_runs(collect([REPO_ROOT / "docs" / "runs"]))
-    # (rows are named here without task.data_dir: a record's relative data_dir resolves against the checkout, so
-    # it differs from the absolute ones when the repository is cloned elsewhere; nor task.eval_every, which the
-    # records do not all share and which the published number does not depend on)
-    published = {re.sub(r" task\.(data_dir|eval_every)=\S+", "", entry["row"]): (entry["acc"], entry["table"])
+    published = {entry["row"]: (entry["acc"], entry["table"])
                  for entry in published_rows("listops", rows, yaml.safe_load(PUBLISHED.read_text()))}
     assert published["curformer"] == (39.62, "cur_table1")                          # Abs selection, Table 1
-    assert published["curformer attention.selection=sum"] == (38.99, "cur_table4_selection")
+    assert published["curformer selection=sum"] == (38.99, "cur_table4_selection")
     assert published["nystromformer"] == (37.15, "cur_table1")
 
 
 def test_dry_run_prints_the_spec_without_network(completed):
     run_dir, run = completed
-    proc = run_cli(["-m", "lra.dashboard", "entity/lra-attention", "--group", GROUP, "--runs", str(run_dir),
+    proc = run_cli(["-m", "lra.analysis.dashboard", "entity/lra-attention", "--group", GROUP, "--runs", str(run_dir),
                     "--dry-run"], env=NO_NETWORK)
     assert proc.returncode == 0, proc.stderr[-3000:]
     spec = json.loads(proc.stdout)

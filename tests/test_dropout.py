@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import l1_cpu
-from models import dropout as dropout_module
+from kernels.cpu import build
+from kernels.cpu import dropout as dropout_kernel
 from models.dropout import Dropout, dropout
 
 SIGMAS = 5  # binomial / correlation tolerances: 5 standard deviations
@@ -180,8 +180,8 @@ def test_without_a_compiler_it_warns_once_and_runs_f_dropout(monkeypatch):
     def no_compiler(*args, **kwargs):
         raise RuntimeError("the C++ compiler 'c++' was not found on PATH")
 
-    dropout_module.library.cache_clear()
-    monkeypatch.setattr(l1_cpu, "build", no_compiler)
+    dropout_kernel.library.cache_clear()
+    monkeypatch.setattr(build, "build", no_compiler)
     try:
         x = nonzero(1000)
         with pytest.warns(UserWarning, match="F.dropout"):
@@ -193,4 +193,4 @@ def test_without_a_compiler_it_warns_once_and_runs_f_dropout(monkeypatch):
         torch.manual_seed(3)
         assert torch.equal(y, F.dropout(x, 0.5, training=True))
     finally:
-        dropout_module.library.cache_clear()
+        dropout_kernel.library.cache_clear()

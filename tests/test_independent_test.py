@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from lra.analysis import listops_cue
 from lra.tasks import listops
 
 
@@ -50,6 +51,10 @@ def test_training_tests_the_best_checkpoint_on_the_independent_test(tmp_path, ti
         # the logged metric (float32 in torchmetrics) is the saved predictions' accuracy
         assert record[f"{split}_acc"] == pytest.approx(right / size, rel=4 * torch.finfo(torch.float32).eps)
     assert "independent test acc" in result.stdout
+    # the shortcut travels with the run: the first-operator cue on every evaluated split, as the probe reads the files
+    cue = listops_cue.split_accuracies(data)
+    assert {split: record[f"shortcut_{split}_acc"] for split in ("val", "test", "independent_test")} == cue
+    assert record["train_examples"] == 64
 
 
 def test_data_without_the_independent_test_keeps_working(tmp_path, tiny_listops_overrides):
@@ -77,6 +82,7 @@ def test_evaluate_rebuilds_the_model_the_checkpoint_was_trained_with(tmp_path, t
     result = json.loads((eval_dir / "results.json").read_text())
     assert result["config"]["attention"]["name"] == "curformer" and result["config"]["attention"]["num_landmarks"] == 4
     assert result["test_acc"] == record["test_acc"]
+    assert result["shortcut_test_acc"] == record["shortcut_test_acc"]  # the same data: the same cue
     assert json.loads((eval_dir / "predictions.json").read_text()) == json.loads((train_dir / "predictions.json").read_text())
     changed = run_cli(["-m", "lra.evaluate", f"ckpt_path={record['best_checkpoint']}", *data_overrides,
                        "+attention.num_landmarks=2", f"hydra.run.dir={changed_dir}"])

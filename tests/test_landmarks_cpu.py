@@ -8,11 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import landmarks_cpu, selection_cpu
+from attention import landmarks_cpu
+from kernels.cpu import landmarks as landmark_kernels
+from kernels.cpu import selection as selection_cpu
 from attention.scores import L1Score
 from tests.tolerances import tolerance
 
-WIDTH = landmarks_cpu.vector_floats()  # d must be a multiple of it
+WIDTH = landmark_kernels.vector_floats()  # d must be a multiple of it
 
 
 def dense(q, k, v, key_mask):
@@ -51,7 +53,7 @@ def test_forward_matches_dense_softmax(n, m, kind, d):
     if d % WIDTH:
         pytest.skip(f"d={d} is not a multiple of this CPU's vector width {WIDTH}")
     q, k, v, key_mask = operands(2, 2, n, m, d)
-    assert landmarks_cpu.kernel_for(q, k, v, key_mask) == kind
+    assert landmark_kernels.kernel_for(q, k, v, key_mask) == kind
     y = landmarks_cpu.attend(q, k, v, key_mask)
     assert y.stride() == F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask).stride()
     torch.testing.assert_close(y.double(), dense(q, k, v, key_mask), **tolerances(q, k, v, m, d))
@@ -61,11 +63,11 @@ def test_forward_matches_dense_softmax(n, m, kind, d):
 def backward_kernels_run(monkeypatch) -> list[str]:
     """The kinds of the backward kernels that run from now on (each call appends its kind)."""
     calls = []
-    for kind, backward in list(landmarks_cpu.BACKWARDS.items()):
+    for kind, backward in list(landmark_kernels.BACKWARDS.items()):
         def spy(*args, kind=kind, backward=backward):
             calls.append(kind)
             return backward(*args)
-        monkeypatch.setitem(landmarks_cpu.BACKWARDS, kind, spy)
+        monkeypatch.setitem(landmark_kernels.BACKWARDS, kind, spy)
     return calls
 
 
@@ -81,9 +83,9 @@ def test_gradients_match_dense_softmax(n, m, kind, d, kernel, monkeypatch):
     if d % WIDTH:
         pytest.skip(f"d={d} is not a multiple of this CPU's vector width {WIDTH}")
     q, k, v, key_mask = operands(2, 2, n, m, d, seed=1)
-    assert landmarks_cpu.kernel_for(q, k, v, key_mask) == kind
+    assert landmark_kernels.kernel_for(q, k, v, key_mask) == kind
     if not kernel:
-        monkeypatch.setattr(landmarks_cpu, "backward_library", lambda: None)
+        monkeypatch.setattr(landmark_kernels, "backward_library", lambda: None)
     calls = backward_kernels_run(monkeypatch)
     grad = torch.randn(2, n, 2, d, generator=torch.Generator().manual_seed(2)).transpose(1, 2)
     inputs = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -117,7 +119,7 @@ def test_l1_scores_match_dense_l1_attention(n, m, kind, d, monkeypatch):
     q, k, v, key_mask = operands(2, 2, n, m, d, seed=3)
     ties = torch.rand(2, 2, min(n, m), d, generator=torch.Generator().manual_seed(5)) < 0.3
     q[:, :, : min(n, m)] = torch.where(ties, k[:, :, : min(n, m)], q[:, :, : min(n, m)])
-    assert landmarks_cpu.kernel_for(q, k, v, key_mask) == kind
+    assert landmark_kernels.kernel_for(q, k, v, key_mask) == kind
     calls = backward_kernels_run(monkeypatch)
     inputs = [x.clone().requires_grad_() for x in (q, k, v)]
     y = L1Score(1.5).attend(inputs[0], inputs[1], key_mask, inputs[2])
@@ -167,12 +169,12 @@ def test_other_operands_take_sdpa(case):
         q, k, v = q.double(), k.double(), v.double()
     if case == "mask per query":
         key_mask = key_mask.expand(1, 2, n, m)
-    assert landmarks_cpu.kernel_for(q, k, v, key_mask) is None
+    assert landmark_kernels.kernel_for(q, k, v, key_mask) is None
     assert torch.equal(landmarks_cpu.attend(q, k, v, key_mask), F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
 
 
 def test_padded_count():
-    assert [landmarks_cpu.padded(m) for m in (1, WIDTH, WIDTH + 1, 64, 128)] == [
+    assert [landmark_kernels.padded(m) for m in (1, WIDTH, WIDTH + 1, 64, 128)] == [
         WIDTH, WIDTH, 2 * WIDTH, max(64, WIDTH), 128]
 
 
@@ -194,7 +196,7 @@ def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
     """No C++ compiler (``CXX`` names none, empty kernel cache): one warning, then SDPA's result exactly."""
     monkeypatch.setenv("CXX", "no-such-compiler")
     monkeypatch.setenv("LRA_KERNEL_CACHE", str(tmp_path))
-    landmarks_cpu.library.cache_clear()
+    landmark_kernels.library.cache_clear()
     try:
         q, k, v, key_mask = operands(1, 2, 9, 8, 32)
         with pytest.warns(UserWarning, match="without its CPU kernels: .*'no-such-compiler' was not found"):
@@ -202,7 +204,7 @@ def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
         assert torch.equal(y, F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
         assert torch.equal(selection_cpu.abs_row_sums(q), q.abs().sum(-1))
     finally:
-        landmarks_cpu.library.cache_clear()
+        landmark_kernels.library.cache_clear()
 
 
 def test_flop_counter_sees_the_products():
@@ -210,5 +212,5 @@ def test_flop_counter_sees_the_products():
     from lra.bench.common import count_flops
 
     q, k, v, key_mask = operands(2, 2, 40, 64, 32)
-    assert landmarks_cpu.kernel_for(q, k, v, key_mask) == "few_keys"
+    assert landmark_kernels.kernel_for(q, k, v, key_mask) == "few_keys"
     assert count_flops(lambda: landmarks_cpu.attend(q, k, v, key_mask)) == 2 * 2 * (2 * 40 * 64 * 32) * 2

@@ -6,10 +6,11 @@ import re
 from collections import Counter, defaultdict
 
 import pytest
+import torch
 from conftest import run_cli
 
 from lra.tasks import listops
-from lra.analysis.listops_cue import accuracy, balanced_accuracy, first_operator, fit, read_examples
+from lra.analysis.listops_cue import accuracy, balanced_accuracy, first_operator, fit, read_examples, split_accuracies
 
 
 def test_first_operator_is_the_root():
@@ -49,3 +50,25 @@ def test_cli_names_missing_data(tmp_path):
     result = run_cli(["-m", "lra.analysis.listops_cue", str(tmp_path)])
     assert result.returncode != 0
     assert "basic_train.tsv not found" in result.stderr and "listops generate" in result.stderr
+
+
+def test_training_cue_on_token_ids_is_the_cue_on_the_files(tmp_path):
+    """``lra.tasks.listops.first_operator_cue`` (what training records, on the cached token ids, sequences cut to
+    ``max_length``) scores what the file-based probe scores on every split."""
+    listops.generate(tmp_path, {"train": 300, "val": 50, "test": 80, "independent_test": 60}, seed=4, min_length=10,
+                     max_length=80)
+    data = listops.ListOpsDataModule(data_dir=str(tmp_path), max_length=40, batch_size=8, cache_dir=None)
+    data.setup("fit")
+    record = data.shortcut_record()
+    expected = split_accuracies(tmp_path)
+    assert set(expected) == {"val", "test", "independent_test"}
+    assert {split: record[f"shortcut_{split}_acc"] for split in expected} == expected
+    assert record["shortcut"].startswith("first-operator cue")
+
+
+def test_root_operators_scans_past_leading_tokens_and_refuses_rows_without_one():
+    ids = torch.tensor([[listops.TOKEN_IDS["3"], listops.TOKEN_IDS["[SM"], listops.TOKEN_IDS["[MAX"]],
+                        [listops.TOKEN_IDS["[MIN"], 0, 0]], dtype=torch.int16)
+    assert listops.root_operators(ids) == ["[SM", "[MIN"]
+    with pytest.raises(ValueError, match="1 ListOps example"):
+        listops.root_operators(torch.tensor([[listops.TOKEN_IDS["3"], 0]], dtype=torch.int16))

@@ -7,6 +7,8 @@ from torch import nn
 
 from attention import paths, seqconv_cpu
 from attention.landmark_means import fused_segment_means
+from kernels.cpu import build
+from kernels.cpu import seqconv
 from attention.nystrom import NystromAttention, SequenceConv, segment_means
 from lra.module import build_attention
 from tests.attention_reference import (
@@ -91,7 +93,7 @@ def test_segment_means_of_either_memory_layout_and_the_kernel_are_the_same(dtype
     assert x.is_contiguous() and model_layout.transpose(1, 2).is_contiguous()
     results = []
     for kernel in (True, False):
-        monkeypatch.setattr(seqconv_cpu, "CPU_KERNEL", kernel)
+        monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
         for source in (x, model_layout):
             leaf = source.detach().requires_grad_()
             means, valid = segment_means(leaf, mask, 6)
@@ -149,8 +151,8 @@ def test_any_length_and_conv_adds_a_depthwise_term(n):
 def test_sequence_conv_equals_the_former_conv2d_values_and_gradients(n, size, kernel, monkeypatch):
     """Against ``F.conv2d`` with the former ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``, kernel ``(K, 1)``) and
     ``F.conv1d`` with ``groups = H`` over ``(B·d, H, n)``: lengths below, at and across the 32-row blocks, for the
-    CPU kernel of ``attention/seqconv_cpu.cpp`` and for the banded products (other devices, compiled code)."""
-    monkeypatch.setattr(seqconv_cpu, "CPU_KERNEL", kernel)
+    CPU kernel of ``kernels/cpu/seqconv.cpp`` and for the banded products (other devices, compiled code)."""
+    monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(n)
     conv = SequenceConv(3, size).double()
     x = torch.randn(2, 3, n, 4, generator=generator, dtype=torch.float64, requires_grad=True)
@@ -279,7 +281,7 @@ def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n,
     upstream = torch.randn(2, 2, n, d, generator=generator, dtype=dtype)
     results = []
     for kernel in (True, False):
-        monkeypatch.setattr(seqconv_cpu, "CPU_KERNEL", kernel)
+        monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
         y = conv(x, mask, base)
         results.append((y, *torch.autograd.grad(y, (x, conv.weight, base), upstream)))
     big = lambda t: float(t.detach().abs().max())  # noqa: E731
@@ -295,20 +297,20 @@ def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n,
 
 def test_without_a_compiler_the_conv_warns_and_runs_the_banded_products(monkeypatch):
     def no_compiler(*args, **kwargs):
-        raise RuntimeError("the CPU kernels compile on first use (seqconv_cpu.cpp), but the C++ compiler 'c++' "
+        raise RuntimeError("the CPU kernels compile on first use (seqconv.cpp), but the C++ compiler 'c++' "
                            "was not found on PATH")
 
-    monkeypatch.setattr(seqconv_cpu.l1_cpu, "build", no_compiler)
-    seqconv_cpu.library.cache_clear()
+    monkeypatch.setattr(build, "build", no_compiler)
+    seqconv.library.cache_clear()
     try:
         conv = SequenceConv(2, 5).double()
         x = torch.randn(1, 2, 9, 4, dtype=torch.float64)
         with pytest.warns(UserWarning, match="banded matrix products: .*compiler 'c\\+\\+' was not found"):
-            assert not seqconv_cpu.uses_kernel(x)
+            assert not seqconv.uses_kernel(x)
         expected = F.conv1d(x.permute(0, 3, 1, 2).reshape(4, 2, 9), conv.weight, padding=2, groups=2)
         torch.testing.assert_close(conv(x), expected.view(1, 4, 2, 9).permute(0, 2, 3, 1), atol=1e-12, rtol=0)
     finally:
-        seqconv_cpu.library.cache_clear()
+        seqconv.library.cache_clear()
 
 
 def test_no_grad_forward_equals_the_recorded_one_and_base_is_kept_unless_it_is_scratch():

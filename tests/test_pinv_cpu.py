@@ -1,12 +1,13 @@
-"""The pseudo-inverse's CPU kernel (attention/pinv_cpu.cpp): its steps and their backward against the PyTorch form
+"""The pseudo-inverse's CPU kernel (kernels/cpu/pinv.cpp): its steps and their backward against the PyTorch form
 of attention/pinv.py in float64, and where it runs."""
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention import pinv, pinv_cpu
-from attention.landmarks_cpu import vector_floats
+from attention import pinv
+from kernels.cpu import pinv as pinv_cpu
+from kernels.cpu.landmarks import vector_floats
 from tests.tolerances import tolerance
 
 WIDTH = vector_floats()

@@ -117,12 +117,14 @@ def test_group_by_length_keeps_a_short_last_batch_last_and_shares_global_batches
 
 
 # three short training runs: 18 s on a 2-core machine, for each training order
-@pytest.mark.parametrize("grouped", ["false", "true"])
-def test_killed_and_resumed_run_equals_the_uninterrupted_run(tiny_listops_overrides, tmp_path, grouped):
+AUGMENTED = ["task.augment=collapse", "task.augmentations.collapse.intercept=-1.0"]  # most examples rewritten
+@pytest.mark.parametrize("grouped, augment", [("false", []), ("true", []), ("true", AUGMENTED)], ids=["shuffled", "grouped", "augmented"])
+def test_killed_and_resumed_run_equals_the_uninterrupted_run(tiny_listops_overrides, tmp_path, grouped, augment):
     # 64 train examples / batch 16 = 4 batches per epoch; last.ckpt every 3 steps. Killed at step 5 (in epoch 1),
     # the run resumes from step 3 (3 of epoch 0's 4 batches done; steps 4-5 are redone) and crosses two epoch ends.
+    # Augmented: the rewrites of the redone steps and of epoch 1 are drawn again from (seed, epoch, index).
     overrides = [*tiny_listops_overrides, "trainer.max_steps=10", "task.eval_every=3", "seed=5", f"task.group_by_length={grouped}",
-                 "+callbacks.faults._target_=tests.faults.Faults"]
+                 *augment, "+callbacks.faults._target_=tests.faults.Faults"]
 
     def train(run_dir, env=None):
         return run_cli(["-m", "lra.train", *overrides, f"hydra.run.dir={run_dir}"], timeout=1800, env=env)

@@ -1,4 +1,4 @@
-"""The W&B dashboard: ``python -m lra.dashboard ENTITY/PROJECT [--group NAME] [--tasks T ...] [--runs DIR ...]
+"""The W&B dashboard: ``python -m lra.analysis.dashboard ENTITY/PROJECT [--group NAME] [--tasks T ...] [--runs DIR ...]
 [--dry-run]`` (``python -m lra.analysis.dashboard`` too) saves, with ``wandb-workspaces``, per task a saved
 workspace view and one report holding every task's table.
 
@@ -206,7 +206,7 @@ def config_tasks() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lra.dashboard", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lra.analysis.dashboard", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", metavar="ENTITY/PROJECT", help="the W&B project the runs were synced to")
     parser.add_argument("--group", help="W&B group (the sweep dir's name); default: every run of the project")
     parser.add_argument("--tasks", nargs="+", help="a section per task (default: the tasks of the runs; in a dry run "

@@ -6,7 +6,8 @@ generated LRA-length data), ``[MED`` mostly 4 (~21 %), while ``[SM`` is near uni
 "Predict the most frequent training label of the first operator" therefore scores ~36 % on a split
 with the four operators equally frequent, and its score on one 2,000-example split moves by a
 few points with that split's operator mix. Compare trained models with this rule on the same split,
-not only with the majority class (~17 %):
+not only with the majority class (~17 %). Training records it per evaluated split in ``results.json``
+(:func:`lra.tasks.listops.first_operator_cue`, on the token ids); this reads it from the files:
 
     python -m lra.analysis.listops_cue data/listops_full
 """
@@ -18,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lra.tasks.listops import INDEPENDENT_TEST, OPERATORS
+from lra.tasks.listops import INDEPENDENT_TEST, OPERATORS, first_operator_rule
 
 SPLITS = ("train", "val", "test")
 SCORED = ("val", "test", INDEPENDENT_TEST)  # scored when the file exists (the independent test is optional)
@@ -52,11 +53,9 @@ def read_examples(path: Path) -> list[tuple[str, int]]:
 
 
 def fit(examples: list[tuple[str, int]]) -> OperatorCue:
-    """The most frequent label per first operator (ties: the smallest label)."""
-    counts: dict[str, Counter] = {operator: Counter() for operator in OPERATORS}
-    for source, label in examples:
-        counts[first_operator(source)][label] += 1
-    rule = {op: min(c, key=lambda label: (-c[label], label)) if c else 0 for op, c in counts.items()}
+    """The most frequent label per first operator (ties: the smallest label), as training records it:
+    :func:`lra.tasks.listops.first_operator_rule`."""
+    rule = first_operator_rule([first_operator(source) for source, _ in examples], [label for _, label in examples])
     return OperatorCue(rule, len(examples))
 
 

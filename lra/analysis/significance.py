@@ -62,15 +62,13 @@ def read_predictions(run_dir: str | Path) -> dict | None:
                          "with lra.evaluate") from error
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path, splits: tuple[str, ...]) -> tuple[str, McNemar] | None:
-    """McNemar between two runs on the first of ``splits`` both have predictions for (same labels), else None."""
-    a, b = read_predictions(run_a), read_predictions(run_b)
-    if a is None or b is None:
-        return None
-    for split in splits:
-        if split in a and split in b:
-            if a[split]["label"] != b[split]["label"]:
-                raise ValueError(f"{run_a} and {run_b} were tested on different {split} examples (labels differ): "
-                                 "a paired test needs the same data")
-            return split, mcnemar(a[split]["pred"], b[split]["pred"], a[split]["label"])
-    return None
+def same_examples_split(a: dict, b: dict, splits: tuple[str, ...]) -> str | None:
+    """The first of ``splits`` both prediction files (:func:`read_predictions`) hold for the same examples (the same
+    labels in the same order), else None: McNemar pairs examples, so runs tested on other data are not compared."""
+    return next((split for split in splits if split in a and split in b and a[split]["label"] == b[split]["label"]), None)
+
+
+def compare_predictions(a: dict, b: dict, splits: tuple[str, ...]) -> tuple[str, McNemar] | None:
+    """McNemar between two runs' predictions on the first of ``splits`` both hold for the same examples, else None."""
+    split = same_examples_split(a, b, splits)
+    return None if split is None else (split, mcnemar(a[split]["pred"], b[split]["pred"], a[split]["label"]))

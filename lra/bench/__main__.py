@@ -1,20 +1,20 @@
-"""``python -m lra.bench {attention,train,compile_breaks,profile,launches} [options]`` (``--help`` on each subcommand lists them)."""
+"""``python -m lra.bench {attention,train,compile_breaks,profile,pinv,launches} [options]`` (``--help`` on each subcommand lists them)."""
 
 from __future__ import annotations
 
 import argparse
 
-from lra.bench import attention, compile_breaks, launches, profile, train
+from lra.bench import attention, compile_breaks, launches, pinv, profile, train
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
     for name, module in (("attention", attention), ("train", train), ("compile_breaks", compile_breaks),
-                         ("profile", profile), ("launches", launches)):
+                         ("profile", profile), ("pinv", pinv), ("launches", launches)):
         sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        if module is not profile:  # profile takes one --variant
+        if module not in (profile, pinv):  # profile takes one --variant, pinv none
             sub.add_argument("--variants", nargs="+", default=None,
                              help="names of configs/attention/*.yaml (default: all); softmax is always included")
             sub.add_argument("--variant-overrides", nargs="*", default=["liza:base_window=256"],

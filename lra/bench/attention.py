@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from lra.bench import common
-from lra.bench.cases import MATERIALISED, Case, build_cases
+from lra.bench.cases import Case, build_cases
 
 COLUMNS = [
     "level", "variant", "n", "batch", "heads", "head_dim", "device", "dtype", "threads", "status", "reason",
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                       {"speedup_fwd": ("fwd_s", True), "speedup_fwdbwd": ("fwdbwd_s", True),
                        "flop_ratio_fwd": ("flops_fwd", True), "flop_ratio_fwdbwd": ("flops_fwdbwd", True),
                        "mem_ratio": ("peak_mem_bytes", False)})
-    common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == MATERIALISED,
+    common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == common.MATERIALISED,
                       {"saved_ratio": ("saved_bytes", False), "speedup_fwd_materialised": ("fwd_s", True),
                        "speedup_fwdbwd_materialised": ("fwdbwd_s", True)})
     common.write_csv(rows, COLUMNS, out / "attention.csv")

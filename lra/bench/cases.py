@@ -11,14 +11,14 @@ Two levels, chosen per variant without naming any:
   ``model.encode(ids, mask, aux_losses)`` (embedding -> block -> mean pooling), so the block gets
   its inputs exactly as in training. Its ratios are taken against softmax at the same level.
 
-References (not configs): ``softmax_materialised`` = ``softmax(QKᵀ/√d + mask) V`` in plain PyTorch
-(the n×n matrix stored), and on CUDA ``sdpa_flash`` = SDPA forced to its flash backend (bf16, no mask).
+References: the configs ``softmax`` (SDPA) and ``softmax_materialised`` (``softmax(QKᵀ/√d + mask) V`` with the n×n
+matrix stored), always selected (:func:`lra.bench.common.select_variants`), and on CUDA ``sdpa_flash`` = SDPA
+forced to its flash backend (bf16, no mask).
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +32,6 @@ from lra.bench.common import BASELINE, Variant
 from lra.config import compose_config
 from lra.module import build_model
 
-MATERIALISED = "softmax_materialised"
 FLASH = "sdpa_flash"
 
 
@@ -46,13 +45,6 @@ class Case:
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
     module: nn.Module | None = None
     heads: int | None = None
-
-
-def materialised_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-    """``softmax(Q Kᵀ/√d + M) V`` with the ``(B, H, n, n)`` matrix stored (the standard attention)."""
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
 
 
 def flash_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
@@ -135,8 +127,6 @@ def build_cases(variants: list[Variant], level: str, max_n: int, batch: int, hea
         if layer_needed:
             cases.insert(1, layer_case(Variant(BASELINE), copy.deepcopy(baseline), baseline, batch, heads, head_dim, device))
         make = qkv_inputs(batch, heads, head_dim, device)
-        cases.append(Case(MATERIALISED, "core", make, lambda q, k, v, mask: (materialised_softmax(q, k, v, mask), None),
-                          heads=heads))
         if device.type == "cuda":
             cases.append(Case(FLASH, "core", make, lambda q, k, v, mask: (flash_sdpa(q, k, v, mask), None), heads=heads))
         else:

@@ -31,6 +31,8 @@ from lra.config import CONFIG_DIR
 
 ATTENTION_DIR = CONFIG_DIR / "attention"
 BASELINE = "softmax"  # configs/attention/softmax.yaml: the SDPA Transformer every ratio is taken against
+MATERIALISED = "softmax_materialised"  # the papers' "Transformer" row (n×n weights stored), the second reference
+REFERENCES = (BASELINE, MATERIALISED)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -53,13 +55,15 @@ class Variant:
 def discover_variants() -> list[str]:
     """Names of every attention config in ``configs/attention/`` (sub-groups such as ``linear/`` excluded)."""
     names = sorted(path.stem for path in ATTENTION_DIR.glob("*.yaml"))
-    if BASELINE not in names:
-        raise FileNotFoundError(f"{ATTENTION_DIR / (BASELINE + '.yaml')} is missing: the benchmarks compare against it")
+    for reference in REFERENCES:
+        if reference not in names:
+            raise FileNotFoundError(f"{ATTENTION_DIR / (reference + '.yaml')} is missing: the benchmarks compare against it")
     return names
 
 
 def select_variants(requested: list[str] | None, override_specs: list[str]) -> list[Variant]:
-    """The baseline first, then ``requested`` (default: every discovered variant), then override rows.
+    """The references first (SDPA softmax, then materialised softmax), then ``requested`` (default: every
+    discovered variant), then override rows.
 
     ``override_specs`` items are ``name:key=value[,key=value]``; a spec whose variant is not selected
     adds nothing (so ``--variants`` can narrow a run without editing the overrides).
@@ -68,7 +72,7 @@ def select_variants(requested: list[str] | None, override_specs: list[str]) -> l
     unknown = [name for name in requested or [] if name not in known]
     if unknown:
         raise ValueError(f"--variants {unknown} not found in {ATTENTION_DIR}; available: {known}")
-    names = [BASELINE, *[name for name in (requested or known) if name != BASELINE]]
+    names = [*REFERENCES, *[name for name in (requested or known) if name not in REFERENCES]]
     variants = [Variant(name) for name in names]
     for spec in override_specs:
         name, sep, items = spec.partition(":")

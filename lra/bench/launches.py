@@ -17,17 +17,16 @@ memory-efficient kernel, one launch forward and one backward (on ``meta`` PyTorc
 into its math form). Some ATen operators launch two small kernels on a GPU (an out-of-place ``scatter``: a copy,
 then the scatter); the count is of operators.
 
-``fused pinv``: the same count with the iterative pseudo-inverse (:func:`attention.pinv.iterative_pinv`) as one
-operator forward and one backward (:func:`fused_pinv`), as the fused Newton–Schulz kernel runs it on a GPU.
+``pinv``: the launches inside the pseudo-inverse (:func:`attention.pinv.iterative_pinv`; its fused kernels,
+``lra_pinv::*``, on a GPU where they take the size, its PyTorch form's dozens of small products elsewhere).
 
-Writes ``launches.csv`` (per variant: forward, backward and total launches with each pseudo-inverse, and every
+Writes ``launches.csv`` (per variant: forward, backward and total launches, those of the pseudo-inverse, and every
 operator counted, most frequent first) under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 from collections import Counter
@@ -46,16 +45,30 @@ from lra.module import build_model
 
 aten = torch.ops.aten
 COLUMNS = ["variant", "n", "batch", "heads", "head_dim", "landmarks", "dtype", "status", "reason", "forward", "backward",
-           "launches", "forward_fused_pinv", "backward_fused_pinv", "launches_fused_pinv", "pinv_calls", "ops",
-           "torch"]
+           "launches", "pinv", "ops", "torch"]
 # Operators that launch no kernel: views and aliases (also those whose schema does not say so) and allocations.
 NOT_LAUNCHES = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten.empty_like,
                 aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.scalar_tensor, aten._reshape_alias}
 
 
+PINV_SOURCES = ("attention/pinv.py", "kernels/pinv/")  # where the pseudo-inverse's code lives (fused and PyTorch forms)
+
+
+def in_pinv() -> bool:
+    """Whether the caller runs inside the pseudo-inverse (a frame of :data:`PINV_SOURCES` on the Python stack: its
+    forward, and the backward of its autograd node or custom op)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if any(source in frame.f_code.co_filename for source in PINV_SOURCES):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class LaunchCounter(TorchDispatchMode):
     """Counts the operators dispatched inside the ``with`` block that launch a kernel (module doc), per ``phase``
-    (set it to ``"forward"`` / ``"backward"``), and each operator's count in :attr:`ops`."""
+    (set it to ``"forward"`` / ``"backward"``), each operator's count in :attr:`ops`, and in ``counts["pinv"]``
+    those that run inside the pseudo-inverse (:func:`in_pinv`)."""
 
     def __init__(self):
         super().__init__()
@@ -66,6 +79,7 @@ class LaunchCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not (func.is_view or func.overloadpacket in NOT_LAUNCHES):
             self.counts[self.phase] += 1
+            self.counts["pinv"] += in_pinv()
             name = func.overloadpacket.__name__
             self.ops[name if func.namespace == "aten" else f"{func.namespace}::{name}"] += 1
         return func(*args, **(kwargs or {}))
@@ -93,67 +107,6 @@ class CudaAttention(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             return efficient_attention(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
-
-
-@torch.library.custom_op("lra_bench::pinv", mutates_args=())
-def _pinv(matrix: torch.Tensor, n_iter: int, init: str) -> torch.Tensor:
-    """:func:`attention.pinv.iterative_pinv` as one operator (what the fused kernel's op is to the dispatcher)."""
-    from attention.pinv import iterative_pinv
-
-    return iterative_pinv(matrix, n_iter, init)
-
-
-@_pinv.register_fake
-def _(matrix, n_iter, init):
-    return matrix.new_empty(matrix.shape)  # a kernel's output: contiguous, whatever the input's strides
-
-
-@torch.library.custom_op("lra_bench::pinv_backward", mutates_args=())
-def _pinv_backward(matrix: torch.Tensor, grad: torch.Tensor, n_iter: int, init: str) -> torch.Tensor:
-    """The gradient of :func:`_pinv` with respect to ``matrix`` (one operator)."""
-    from attention.pinv import iterative_pinv
-
-    return torch.func.vjp(lambda a: iterative_pinv(a, n_iter, init), matrix)[1](grad)[0]
-
-
-@_pinv_backward.register_fake
-def _(matrix, grad, n_iter, init):
-    return torch.empty_like(matrix)
-
-
-def _pinv_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-    ctx.n_iter, ctx.init = inputs[1], inputs[2]
-
-
-def _pinv_grad(ctx, grad):
-    (matrix,) = ctx.saved_tensors
-    return _pinv_backward(matrix, grad, ctx.n_iter, ctx.init), None, None
-
-
-_pinv.register_autograd(_pinv_grad, setup_context=_pinv_setup)
-
-
-@contextlib.contextmanager
-def fused_pinv():
-    """Inside the block every module's reference to :func:`attention.pinv.iterative_pinv` (the modules import it by
-    name) calls the one-operator :func:`_pinv` instead; restored after. Yields a list that counts the calls."""
-    import attention.pinv
-
-    original, calls = attention.pinv.iterative_pinv, []
-
-    def one_operator(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head") -> torch.Tensor:
-        calls.append(tuple(matrix.shape))
-        return _pinv(matrix, n_iter, init)
-
-    holders = [module for module in list(sys.modules.values()) if getattr(module, "iterative_pinv", None) is original]
-    for module in holders:
-        module.iterative_pinv = one_operator
-    try:
-        yield calls
-    finally:
-        for module in holders:
-            module.iterative_pinv = original
 
 
 class Captured(Exception):
@@ -221,18 +174,11 @@ def count(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype
 
 
 def measure(module, args, kwargs, dtype: torch.dtype) -> dict:
-    """Forward, backward and total launches with today's pseudo-inverse and with the fused one, and the top operators."""
-    today = count(module, args, kwargs, dtype)
-    with fused_pinv() as calls:
-        fused = count(module, args, kwargs, dtype)
-    return {
-        "forward": today.counts["forward"], "backward": today.counts["backward"],
-        "launches": sum(today.counts.values()),
-        "forward_fused_pinv": fused.counts["forward"], "backward_fused_pinv": fused.counts["backward"],
-        "launches_fused_pinv": sum(fused.counts.values()),
-        "pinv_calls": len(calls) // 2,  # pseudo-inverses run per step (a recomputing backward runs it again)
-        "ops": " ".join(f"{name}:{number}" for name, number in fused.ops.most_common()),
-    }
+    """Forward, backward and total launches, those of the pseudo-inverse, and every operator counted."""
+    counter = count(module, args, kwargs, dtype)
+    return {"forward": counter.counts["forward"], "backward": counter.counts["backward"],
+            "launches": counter.counts["forward"] + counter.counts["backward"], "pinv": counter.counts["pinv"],
+            "ops": " ".join(f"{name}:{number}" for name, number in counter.ops.most_common())}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,9 +226,7 @@ def run(args: argparse.Namespace) -> list[dict]:
           f"n = {args.n}, batch {args.batch}, {args.heads} heads × {args.head_dim}, m = {args.landmarks}, {args.dtype}")
     print(common.format_table(rows, [
         ("variant", "variant", str), ("forward", "fwd", str), ("backward", "bwd", str), ("launches", "total", str),
-        ("forward_fused_pinv", "fwd (fused pinv)", str), ("backward_fused_pinv", "bwd (fused pinv)", str),
-        ("launches_fused_pinv", "total (fused pinv)", str),
-        ("ops", "most frequent (fused pinv)", lambda v: " ".join(v.split()[:6])),
+        ("pinv", "of which pinv", str), ("ops", "most frequent", lambda v: " ".join(v.split()[:6])),
         ("reason", "skipped because", lambda v: v[:90]),
     ]))
     print(f"\ncounted with torch {torch.__version__}\nwrote {out / 'launches.csv'}")

@@ -4,13 +4,15 @@ For every n and every variant of ``configs/attention/`` (the composed config dec
 2-layer encoder, Proxyformer's, or MEGA's block), a fresh process (:mod:`lra.bench.train_worker`)
 trains on synthetic batches of the task's shape (random ids in ``task.vocab_size``, full masks,
 ``(B, 2, n)`` for two-document tasks) and reports samples/s, inference samples/s and memory.
-Ratios are against the ``softmax`` Transformer of the same run and n, in the papers' format
-(CUR paper Table 2: ``Speed ↑``, ``Peak memory ↓`` as ×; Proxyformer Table 2: inference throughput).
+Ratios are against two references of the same run, n and compile setting, in the papers' format (CUR
+paper Table 2: ``Speed ↑``, ``Peak memory ↓`` as ×; Proxyformer Table 2: inference throughput): the papers'
+"Transformer" (``softmax_materialised``: the n×n weights stored; ``speed_vs_transformer``,
+``mem_vs_transformer``) and their "FlashAttention" (``softmax``, torch SDPA: ``speed_ratio``, ``mem_ratio``).
 
 ``--compile`` adds, for every variant, a row ``<variant>+compile`` whose model is compiled with
 ``torch.compile`` (``model.compile=true``, as ``lra.train`` compiles it), with ``compile_speedup``: its
 training samples/s over the same variant's eager samples/s (compilation itself is in ``first_step_s``,
-outside the timed steps).
+outside the timed steps); compiled rows' ratios are against the compiled references.
 
 FLOPs: ``train_flops`` is one training step's (forward + backward, counted on the eager model by
 ``FlopCounterMode``: matmuls, convolutions and SDPA; elementwise ops are not counted), ``train_flops_per_s``
@@ -38,16 +40,23 @@ from lra.bench import common
 
 COLUMNS = [
     "task", "variant", "compiled", "n", "batch", "steps", "device", "dtype", "threads", "status", "reason",
-    "train_samples_per_s", "speed_ratio", "compile_speedup", "peak_mem_bytes", "mem_ratio", "infer_samples_per_s",
+    "train_samples_per_s", "speed_vs_transformer", "mem_vs_transformer", "speed_ratio", "compile_speedup",
+    "peak_mem_bytes", "mem_ratio", "infer_samples_per_s",
     "infer_ratio", "saved_bytes", "state_bytes", "rss_peak_bytes", "rss_delta_bytes", "rss_ratio", "train_step_s",
     "first_step_s", "train_flops", "train_flops_per_s", "matmul_flops_per_s", "flops_utilisation", "params",
     *[column for column in common.MACHINE_COLUMNS if column != "threads"],
 ]
 COMPILED_SUFFIX = "+compile"  # the label of a variant's compiled row (--compile)
-RATIOS = {
+RATIOS = {  # against SDPA softmax (the papers' "FlashAttention")
     "speed_ratio": ("train_samples_per_s", False), "mem_ratio": ("peak_mem_bytes", False),
     "infer_ratio": ("infer_samples_per_s", False), "rss_ratio": ("rss_delta_bytes", False),
 }
+TRANSFORMER_RATIOS = {"speed_vs_transformer": ("train_samples_per_s", False), "mem_vs_transformer": ("peak_mem_bytes", False)}
+
+
+def reference(name: str):
+    """Whether a row is the reference ``name`` at its own compile setting (``softmax`` or ``softmax+compile``)."""
+    return lambda row: row["variant"].removesuffix(COMPILED_SUFFIX) == name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +115,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 print(f"n={n} {label}: {row['status']} {row.get('reason', '')}", flush=True)
                 rows.append(row)
     ok = [row for row in rows if row["status"] == "ok"]
-    common.add_ratios(ok, ("n",), lambda r: r["variant"] == common.BASELINE, RATIOS)
+    common.add_ratios(ok, ("n", "compiled"), reference(common.BASELINE), RATIOS)
+    common.add_ratios(ok, ("n", "compiled"), reference(common.MATERIALISED), TRANSFORMER_RATIOS)
     add_compile_speedups(ok)
     for row in ok:
         row["flops_utilisation"] = row["train_flops_per_s"] / matmul
@@ -117,8 +127,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     for n in sorted(args.n):
         print(f"\n{args.task}, n = {n}, batch {args.batch}, {device} {args.dtype} (peak memory: {memory})")
         print(common.format_table([row for row in rows if row["n"] == n], [
-            ("variant", "Model", str), ("speed_ratio", "Speed ↑", common.times),
-            ("mem_ratio", "Peak memory ↓", common.times), ("rss_ratio", "RSS ↓", common.times),
+            ("variant", "Model", str), ("speed_vs_transformer", "Speed ↑ vs Transformer", common.times),
+            ("mem_vs_transformer", "Peak memory ↓ vs Transformer", common.times),
+            ("speed_ratio", "Speed ↑ vs SDPA", common.times), ("mem_ratio", "Peak memory ↓ vs SDPA", common.times),
+            ("rss_ratio", "RSS ↓", common.times),
             ("infer_ratio", "Inference ↑", common.times),
             ("train_samples_per_s", "train samples/s", lambda v: f"{v:.2f}"),
             *([("compile_speedup", "compiled ↑", common.times), ("first_step_s", "1st step s", lambda v: f"{v:.1f}")]

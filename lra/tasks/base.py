@@ -11,6 +11,9 @@ removes its lock, and the cache folder when it made it and nothing else is in it
 
 ``task.group_by_length=true`` batches training examples of similar lengths together (:func:`lra.tasks.resume.group_by_length`),
 which on full ListOps brings the padded tokens of an epoch down to 0.56 of shuffled batches; evaluation keeps the files' order.
+The lengths grouped are the split's own: a train set augmented per epoch (:class:`EpochDataset`, ListOps' ``task.augment``)
+is grouped by its examples' lengths before the rewrite, which never lengthens them (shuffle keeps them, collapse shortens
+a few); each batch is still cut to its longest rewritten example.
 ``task.pad_multiple`` rounds each batch's length up to a multiple of it (at most ``task.max_length``): a few batch
 shapes (one with ``task.pad_multiple=${task.max_length}``), what CUDA graphs need (``model.compile=true`` on a GPU).
 
@@ -87,6 +90,12 @@ class SplitDataset(Dataset):
         return self.split.ids[index], self.split.lengths[index], self.split.labels[index]
 
 
+class EpochDataset(Dataset):
+    """A train dataset whose examples change from epoch to epoch (ListOps' ``task.augment``). It is indexed by
+    ``(epoch, index)``, the keys :class:`EpochSampler` yields for it: an item depends on its key alone, so worker
+    processes need no shared epoch counter and a resumed run gets the same items."""
+
+
 def collate(items: list, pad_multiple: int | None = None) -> dict[str, torch.Tensor]:
     """Stack items, trim padding to the longest sequence of the batch (rounded up to a multiple of ``pad_multiple``
     when given, at most the stored length: a few batch shapes, or one), build the key mask."""
@@ -103,6 +112,7 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     """Base DataModule: ``read_split(split)`` once, cache it, serve padded batches."""
 
     task_name: str = "task"
+    shortcut: str | None = None  # the task's known shortcut, scored by shortcut_accuracies (None: none known)
 
     def __init__(self, data_dir: str, max_length: int, batch_size: int, cache_dir: str | None, num_workers: int = 0,
                  group_by_length: bool = False, pad_multiple: int | None = None):
@@ -140,9 +150,25 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     def check_data(self) -> None:
         """Raise a clear error (what is missing, how to get it) before anything is read."""
 
+    def shortcut_accuracies(self) -> dict[str, float]:
+        """``{split: accuracy}`` of :attr:`shortcut` on every split but train (the splits are loaded); none here."""
+        return {}
+
+    def shortcut_record(self) -> dict[str, Any]:
+        """``results.json``'s ``shortcut`` (what it is) and ``shortcut_<split>_acc`` per evaluated split, so a report
+        prints the level a model is read against without the data; {} for a task with no known shortcut."""
+        if self.shortcut is None:
+            return {}
+        return {"shortcut": self.shortcut,
+                **{f"shortcut_{split}_acc": accuracy for split, accuracy in self.shortcut_accuracies().items()}}
+
     def split_source(self, split: str) -> str:
         """Where ``split`` is read from, for error messages (override with the file's name)."""
         return str(self.data_dir)
+
+    def train_dataset(self) -> Dataset:
+        """What the train loader draws from: the train split as it is (ListOps may augment it, an :class:`EpochDataset`)."""
+        return SplitDataset(self.splits["train"])
 
     # --- shared machinery -------------------------------------------------------------------
     def cache_path(self, split: str) -> Path | None:
@@ -209,7 +235,7 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
-        dataset = SplitDataset(self.splits[split])
+        dataset = self.train_dataset() if split == "train" else SplitDataset(self.splits[split])
         # Own generator: worker seeds come from it, not from the global stream dropout draws from.
         options = dict(batch_size=self.batch_size, collate_fn=functools.partial(collate, pad_multiple=self.pad_multiple),
                        num_workers=self.num_workers,
@@ -219,7 +245,8 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         trainer = self.trainer
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         lengths = self.splits[split].lengths.view(len(dataset), -1).amax(1) if self.group_by_length else None
-        sampler = EpochSampler(dataset, self.shuffle_seed, replicas, rank, lengths=lengths, batch_size=self.batch_size)
+        sampler = EpochSampler(dataset, self.shuffle_seed, replicas, rank, lengths=lengths, batch_size=self.batch_size,
+                               keyed_by_epoch=isinstance(dataset, EpochDataset))
         return ResumableLoader(dataset, sampler=sampler, **options)
 
     def train_dataloader(self) -> DataLoader:

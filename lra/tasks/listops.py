@@ -11,11 +11,17 @@ Format: TSV with header ``Source\\tTarget``; tokenisation maps ``]`` to ``X`` an
 
     python -m lra.tasks.listops generate --out data/listops --train 96000 --val 2000 --test 2000 --seed 0
 
+``generate`` writes only into an empty or absent folder, or over the files it wrote itself with the same
+settings (``generated.json``, :mod:`lra.tasks.generated`); any other file there makes it refuse, naming the file.
+
 Full-size generation also writes ``basic_independent_test.tsv`` (20,000 examples by default,
 ``--independent-test 0`` to skip): drawn after the three official splits from the same seeded
 stream, so it is disjoint from all of them and leaves them unchanged. Training tests the best
 checkpoint on it after the test split when the file is present (``independent_test_acc``).
     python -m lra.analysis.listops_cue data/listops   # accuracy of the first-operator shortcut
+
+The shortcut travels with every run: :func:`first_operator_cue` (the most frequent training label of each root
+operator) is scored on each evaluated split and recorded in ``results.json`` (``shortcut_<split>_acc``).
 """
 
 from __future__ import annotations
@@ -24,12 +30,17 @@ import argparse
 import logging
 import random
 import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
+from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
 from lra.tasks.files import atomic_write_text, file_fingerprint, locked
+from lra.tasks.generated import GenerationRefused, Manifest, digest, foreign_file
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +51,8 @@ LEAF_PROBABILITY = 0.75
 VOCAB = ("<pad>", "<unk>", *map(str, range(10)), *OPERATORS, "X")
 TOKEN_IDS = {token: i for i, token in enumerate(VOCAB)}
 HEADER = "Source\tTarget"
+FIRST_OPERATOR_CUE = "first-operator cue: the most frequent training label of the root operator"
+ROWS_PER_CHUNK = 4096  # rows scanned at once for their first operator token (bounds the (rows, L) mask)
 
 
 def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple[object, int]:
@@ -54,19 +67,21 @@ def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int)
     return rng.randrange(10), 1
 
 
+# An operator's value from its arguments' values: MIN, MAX, MED = int(median) (truncating), SM = sum mod 10.
+APPLY = {
+    "[MIN": min,
+    "[MAX": max,
+    "[MED": lambda values: int(statistics.median(values)),
+    "[SM": lambda values: sum(values) % 10,
+}
+
+
 def evaluate(tree: object) -> int:
-    """Value of a tree: MIN, MAX, MED = int(median) (truncating), SM = sum mod 10."""
+    """Value of a tree (:data:`APPLY` at each operator)."""
     if isinstance(tree, int):
         return tree
     operator, children = tree
-    values = [evaluate(child) for child in children]
-    if operator == "[MIN":
-        return min(values)
-    if operator == "[MAX":
-        return max(values)
-    if operator == "[MED":
-        return int(statistics.median(values))
-    return sum(values) % 10
+    return APPLY[operator]([evaluate(child) for child in children])
 
 
 def to_string(tree: object) -> str:
@@ -87,6 +102,15 @@ def tokenize(source: str) -> list[int]:
 
 
 INDEPENDENT_TEST = "independent_test"
+GENERATOR = "python -m lra.tasks.listops generate"
+
+
+def generate_command(out: Path | str, sizes: dict[str, int], seed: int, min_length: int = 500, max_length: int = 2000,
+                     max_depth: int = 10, max_args: int = 10) -> str:
+    """The command line that runs :func:`generate` with these settings."""
+    return (f"{GENERATOR} --out {out} --train {sizes.get('train', 0)} --val {sizes.get('val', 0)} --test {sizes.get('test', 0)} "
+            f"--independent-test {sizes.get(INDEPENDENT_TEST, 0)} --seed {seed} --min-length {min_length} "
+            f"--max-length {max_length} --max-depth {max_depth} --max-args {max_args}")
 
 
 def generate(
@@ -96,11 +120,20 @@ def generate(
     """Write ``out/basic_<split>.tsv`` for each split of ``sizes`` (in its order), examples unique across all
     splits, each of ``min_length < length < max_length``.
 
-    Each file is written whole or not at all (a temporary file renamed into place), so a killed run
-    never leaves a truncated split that looks complete."""
+    Refuses (:class:`GenerationRefused`, before writing anything) when ``out`` holds a file that a generation with
+    these settings did not write (:func:`lra.tasks.generated.foreign_file`). Each file is written whole or not at all
+    (a temporary file renamed into place), its hash recorded in ``out/generated.json`` first, so a killed run never
+    leaves a truncated split that looks complete, and the next run with the same settings takes over its folder."""
+    out, sizes = Path(out), {split: int(count) for split, count in sizes.items()}
+    settings = dict(sizes=sizes, seed=seed, min_length=min_length, max_length=max_length, max_depth=max_depth, max_args=max_args)
+    recorded = {**settings, "sizes": [[split, count] for split, count in sizes.items()]}  # the split order matters too
+    found = foreign_file(out, GENERATOR, recorded)
+    if found is not None:
+        raise GenerationRefused(out, *found, command=generate_command(out.with_name(out.name + "-generated"), **settings))
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(out, GENERATOR, recorded)
     rng = random.Random(seed)
     seen: set[str] = set()
-    out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=sum(sizes.values()), desc=f"ListOps -> {out}", unit="ex") as progress:
         for split, count in sizes.items():
             rows = []
@@ -114,7 +147,48 @@ def generate(
                 seen.add(source)
                 rows.append(f"{source}\t{evaluate(tree)}")
                 progress.update()
-            atomic_write_text(out / f"basic_{split}.tsv", "\n".join([HEADER, *rows]) + "\n")
+            name, text = f"basic_{split}.tsv", "\n".join([HEADER, *rows]) + "\n"
+            text_digest = digest(text.encode())
+            if not manifest.holds(name, text_digest):  # the same bytes already there keep their mtime (and caches)
+                manifest.record(name, text_digest)
+                atomic_write_text(out / name, text)
+
+
+def first_operator_rule(operators: Sequence[str], labels: Sequence[int]) -> dict[str, int]:
+    """The first-operator cue fitted on ``(root operator, label)`` pairs: per operator its most frequent label
+    (ties: the smallest; an operator never seen: 0). O(n)."""
+    counts: dict[str, Counter] = {operator: Counter() for operator in OPERATORS}
+    for operator, label in zip(operators, labels):
+        counts[operator][int(label)] += 1
+    return {op: min(c, key=lambda label: (-c[label], label)) if c else 0 for op, c in counts.items()}
+
+
+def root_operators(ids: torch.Tensor) -> list[str]:
+    """The first operator token of each row of token ids ``(N, L)`` (the tree's root), scanned
+    :data:`ROWS_PER_CHUNK` rows at a time: O(N·L) time, O(ROWS_PER_CHUNK·L) memory."""
+    operator_ids = torch.tensor([TOKEN_IDS[op] for op in OPERATORS], dtype=ids.dtype)
+    names = []
+    for chunk in ids.split(ROWS_PER_CHUNK):
+        is_operator = torch.isin(chunk, operator_ids)
+        if not bool(is_operator.any(dim=1).all()):
+            raise ValueError(f"{int((~is_operator.any(dim=1)).sum())} ListOps example(s) hold no operator token")
+        first = chunk.gather(1, is_operator.byte().argmax(dim=1, keepdim=True)).squeeze(1)
+        names += [VOCAB[token] for token in first.tolist()]
+    return names
+
+
+def first_operator_cue(splits: Mapping[str, TokenizedSplit]) -> dict[str, float]:
+    """Accuracy of the first-operator cue fitted on ``splits["train"]`` on every other split: what a model scores
+    by reading the root operator alone (~36 % on generated LRA-length data, against ~17 % for the majority
+    class). O(N·L) over all splits."""
+    train = splits["train"]
+    rule = first_operator_rule(root_operators(train.ids), train.labels.tolist())
+    scores = {}
+    for split, data in splits.items():
+        if split != "train":
+            predicted = torch.tensor([rule[op] for op in root_operators(data.ids)])
+            scores[split] = float((predicted == data.labels).double().mean())
+    return scores
 
 
 def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
@@ -153,13 +227,25 @@ def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
 
 
 class ListOpsDataModule(CachedDataModule):
-    """ListOps from ``data_dir/basic_{train,val,test}.tsv``; ``generate`` creates missing data first."""
+    """ListOps from ``data_dir/basic_{train,val,test}.tsv``.
+
+    ``generate`` (settings of :func:`generate`, and ``default_dir``, the task's own folder) creates the files when
+    they are missing: into ``default_dir`` silently, into any other ``data_dir`` (a user's path) after a one-line
+    note, and never over a file it did not write (:class:`GenerationRefused` becomes an error naming ``data_dir``).
+    ``augment`` names one of ``augmentations`` (:mod:`lra.tasks.listops_augment`), applied to the train split only."""
 
     task_name = "listops"
+    shortcut = FIRST_OPERATOR_CUE
 
-    def __init__(self, *args, generate: dict | None = None, **kwargs):
+    def __init__(self, *args, generate: dict | None = None, augment: str | None = None, augmentations: dict | None = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.generate_settings = dict(generate) if generate else None
+        augmentations = dict(augmentations or {})
+        if augment is not None and augment not in augmentations:
+            raise ValueError(f"task.augment={augment!r} is not a ListOps augmentation: expected null or one of "
+                             f"{', '.join(sorted(augmentations))} (the keys of task.augmentations)")
+        self.augmentation = augmentations[augment] if augment is not None else None
 
     def paths(self) -> dict[str, Path]:
         return {split: self.data_dir / f"basic_{split}.tsv" for split in ("train", "val", "test")}
@@ -186,23 +272,46 @@ class ListOpsDataModule(CachedDataModule):
     def check_data(self) -> None:
         if not self.missing():
             return
-        if self.generate_settings is not None:
-            # parallel runs on a fresh clone: one generates, the others wait and then find the files
-            with locked(self.data_dir.parent / f".{self.data_dir.name}.generate.lock", f"generating {self.data_dir}"):
-                if self.missing():
-                    settings = dict(self.generate_settings)
-                    generate(self.data_dir, settings.pop("sizes"), **settings)
-            return
-        missing = self.missing()
-        raise FileNotFoundError(
-            f"ListOps data not found: {', '.join(missing)}. Download the LRA release into data/ "
-            "(scripts/download_lra.sh, see data/README.md) or generate it with "
-            f"'python -m lra.tasks.listops generate --out {self.data_dir}', or point task.data_dir at your copy."
-        )
+        if self.generate_settings is None:
+            raise FileNotFoundError(
+                f"ListOps data not found: {', '.join(self.missing())}. Download the LRA release into data/ "
+                "(scripts/download_lra.sh, see data/README.md) or generate it with "
+                f"'python -m lra.tasks.listops generate --out {self.data_dir}', or point task.data_dir at your copy."
+            )
+        settings = dict(self.generate_settings)
+        default_dir, sizes = settings.pop("default_dir", None), settings.pop("sizes")
+        fresh = not self.data_dir.exists() or (self.data_dir.is_dir() and not any(self.data_dir.iterdir()))
+        if fresh and (default_dir is None or self.data_dir.resolve() != Path(default_dir).resolve()):
+            state = "is empty" if self.data_dir.exists() else "does not exist"
+            print(f"[lra] note: task.data_dir={self.data_dir} {state}: generating a synthetic ListOps set there "
+                  f"({', '.join(f'{split} {count}' for split, count in sizes.items())}; seed {settings.get('seed')})", flush=True)
+        # parallel runs on a fresh clone: one generates, the others wait and then find the files
+        with locked(self.data_dir.parent / f".{self.data_dir.name}.generate.lock", f"generating {self.data_dir}"):
+            if self.missing():
+                try:
+                    generate(self.data_dir, sizes, **settings)
+                except GenerationRefused as refused:
+                    raise FileExistsError(
+                        f"ListOps data in task.data_dir={self.data_dir} is incomplete ({', '.join(Path(m).name for m in self.missing())} "
+                        f"missing), and generating it would overwrite {refused.name}, {refused.why}; nothing was written. "
+                        "To train on your own data, add the missing file(s) there. To train on a generated set, point "
+                        f"task.data_dir at an empty or absent folder, or generate one ('{refused.command}') and point "
+                        "task.data_dir at it"
+                    ) from None
+
+    def train_dataset(self) -> Dataset:
+        """The train split, rewritten per ``(seed, epoch, index)`` when ``task.augment`` names an augmentation."""
+        if self.augmentation is None:
+            return super().train_dataset()
+        return self.augmentation.dataset(self.splits["train"], self.shuffle_seed, self.split_source("train"))
 
     def read_split(self, split: str) -> TokenizedSplit:
         sequences, labels = read_tsv(Path(self.split_source(split)))
         return TokenizedSplit.from_sequences(sequences, labels, self.max_length)
+
+    def shortcut_accuracies(self) -> dict[str, float]:
+        """The first-operator cue on every evaluated split (fitted on train): :func:`first_operator_cue`."""
+        return first_operator_cue(self.splits)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,10 +338,13 @@ def main(argv: list[str] | None = None) -> None:
     sizes = {"train": args.train, "val": args.val, "test": args.test}
     if args.independent_test > 0:
         sizes[INDEPENDENT_TEST] = args.independent_test
-    generate(
-        args.out, sizes, seed=args.seed,
-        min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth, max_args=args.max_args,
-    )
+    try:
+        generate(
+            args.out, sizes, seed=args.seed,
+            min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth, max_args=args.max_args,
+        )
+    except GenerationRefused as refused:
+        parser.exit(1, f"{parser.prog}: {refused}\n")
 
 
 if __name__ == "__main__":

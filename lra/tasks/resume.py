@@ -27,14 +27,18 @@ class EpochSampler(DistributedSampler):
 
     With ``lengths`` (``(N,)`` real tokens per example) the shuffled order is regrouped by
     :func:`group_by_length` into global batches of ``batch_size × num_replicas`` similar lengths, so the
-    collated batches, padded to their longest example, carry little padding."""
+    collated batches, padded to their longest example, carry little padding.
+
+    With ``keyed_by_epoch`` it yields ``(epoch, index)`` pairs instead of indices, for a dataset whose items
+    depend on the epoch (:class:`lra.tasks.base.EpochDataset`)."""
 
     def __init__(self, dataset: Dataset, seed: int, num_replicas: int = 1, rank: int = 0,
-                 lengths: torch.Tensor | None = None, batch_size: int = 1):
+                 lengths: torch.Tensor | None = None, batch_size: int = 1, keyed_by_epoch: bool = False):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
         self.skip = 0
         self.lengths = lengths
         self.batch_size = batch_size
+        self.keyed_by_epoch = keyed_by_epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Ignored (see the class docstring): the loader that owns this sampler counts the epochs."""
@@ -45,7 +49,8 @@ class EpochSampler(DistributedSampler):
         if self.lengths is not None:
             generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch) ^ 1)
             order = group_by_length(order, self.lengths, self.batch_size * self.num_replicas, generator)
-        return iter(order[self.rank : self.total_size : self.num_replicas][self.skip :].tolist())
+        indices = order[self.rank : self.total_size : self.num_replicas][self.skip :].tolist()
+        return iter([(self.epoch, index) for index in indices] if self.keyed_by_epoch else indices)
 
 
 def group_by_length(order: torch.Tensor, lengths: torch.Tensor, batch: int, generator: torch.Generator,

@@ -1,45 +1,33 @@
-// Shared by landmarks_cpu.cpp (forward kernels) and landmarks_backward_cpu.cpp (their backward): the vector type
-// of the instruction set attention/landmarks_cpu.py compiles for (-DLRA_VECTOR_BYTES, as attention/l1_cpu.cpp;
-// GCC vector extensions, one vector is one register), loads and stores, a vector exponential, butterfly
-// reductions and the thread helper. attention/l1_cpu.py's build() hashes this header with each source that
-// includes it, so editing it rebuilds both libraries.
+// Shared by landmarks.cpp (forward kernels), landmarks_backward.cpp (their backward), selection.cpp and pinv.cpp:
+// simd.h's float vectors under short names, a vector exponential, butterfly reductions, the sign and score terms
+// and the row products of the few side's transposed vectors.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <thread>
 #include <type_traits>
 #include <utility>
-#include <vector>
+
+#include "simd.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>  // VFIXUPIMMPS (add_times_sign), VSCALEFPS (vexp)
 #endif
 
-#ifndef LRA_VECTOR_BYTES
-#define LRA_VECTOR_BYTES 16
-#endif
-
 namespace landmarks {
 
-constexpr int kBytes = LRA_VECTOR_BYTES;
-static_assert(kBytes == 16 || kBytes == 32 || kBytes == 64, "LRA_VECTOR_BYTES must be 16, 32 or 64");
-constexpr int W = kBytes / 4;                        // floats per vector
+using simd::kBytes;
+using simd::load;
+using simd::parallel;
+using simd::prefetch_rows;
+using simd::store;
+constexpr int W = simd::W<float>;                    // floats per vector
 constexpr int kAccumulators = kBytes == 64 ? 16 : 8;  // logit vectors held per task (32 or 16 registers)
 constexpr int kMaxKeys = 128;
 
-typedef float vec __attribute__((vector_size(kBytes)));
-typedef int32_t ivec __attribute__((vector_size(kBytes)));
+typedef simd::vec<float> vec;
+typedef simd::bits<float> ivec;
 
-inline vec load(const float* p) {
-  vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
-inline vec splat(float x) { return x - vec{}; }
+inline vec splat(float x) { return simd::splat(x); }
 
 // exp(x) for x <= 0 (arguments are s_j - max): Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2 / 2;
 // below -87.3 (e^-87.3 ~ 1.2e-38, and -inf from masked keys) the result is exactly 0. AVX-512 scales p by 2^n
@@ -79,18 +67,8 @@ inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline vec hmax(vec v) { return butterfly(v, vmax); }
 inline vec hsum(vec v) { return butterfly(v, [](vec a, vec b) { return a + b; }); }
 
-// Runs f(lo, hi) over [0, tasks) split into `threads` contiguous ranges (the calling thread takes one).
-template <typename F> void parallel(int64_t tasks, int threads, F f) {
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, tasks));
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < parts; ++t) pool.emplace_back(f, tasks * t / parts, tasks * (t + 1) / parts);
-  f(0, tasks / parts);
-  for (auto& worker : pool) worker.join();
-}
-
-// |v|: the sign bit cleared.
 constexpr int32_t kSignBit = INT32_MIN;
-inline vec vabs(vec v) { return (vec)((ivec)v & ~kSignBit); }
+inline vec vabs(vec v) { return simd::vabs<float>(v); }
 
 // a += g * sign(x) and b += g * sign(x), with sign(0) = 0 (torch.sign). AVX-512: sign(x) by one VFIXUPIMMPS
 // (per class of x a constant: zero -> +0, negative or -inf -> -1, positive or +inf -> +1, NaN -> NaN) and two

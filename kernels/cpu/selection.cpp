@@ -1,13 +1,12 @@
-// CPU kernels of CUR's landmark selection (attention/selection.py), float32, built and called by
-// attention/landmarks_cpu.py (plain C ABI through ctypes):
+// CPU kernels of CUR's landmark selection (attention/selection.py), float32, built and bound by
+// kernels/cpu/selection.py (plain C ABI through ctypes):
 // * landmarks_abs_row_sums: sum_e |x_ie| per row (CUR's `abs` selection priorities) in one pass, no |X| tensor;
 // * landmarks_top_indices: per row of priorities, the m highest among real tokens, ascending, ties to the lowest
 //   index (selection._top's rule: NaN ranks as +inf, padding as -inf, force_cls puts index 0 first), by a
 //   selection (nth_element) of the m-th largest and one scan, where the PyTorch form runs a dozen n-sized ops.
 #include <functional>
 
-#include "landmarks_cpu.h"
-#include "prefetch_cpu.h"
+#include "landmarks.h"
 
 namespace {
 

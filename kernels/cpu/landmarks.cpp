@@ -1,5 +1,5 @@
-// CPU kernels of landmark attention, float32, built and called by attention/landmarks_cpu.py (plain C ABI
-// through ctypes; the math is in its docstring; selecting the landmarks: landmarks_selection_cpu.cpp):
+// CPU kernels of landmark attention, float32, built and bound by kernels/cpu/landmarks.py (plain C ABI
+// through ctypes; the math is in its docstring; selecting the landmarks: selection.cpp):
 // * landmarks_few_keys_attend / landmarks_few_queries_attend: the forward of softmax attention when the keys
 //   (C W of CUR and Nyström) or the queries (R V, Nyström's k3 V) are at most 128 (Proxyformer keeps SDPA: its
 //   training step was slower with them, docs/bench.md). Per problem p (a (batch, head) pair) and query row i:
@@ -11,9 +11,8 @@
 //   few side is transposed and zero-padded by the caller (kt (P, d, mp) or qt (P, d, mq), mp and mq a power of two
 //   times the vector width); everything else is addressed by strides (rows of d contiguous floats, d % W == 0).
 //   Exponentials are a vector polynomial (Cephes' expf), row reductions butterfly shuffles.
-// Vector type, exponential, reductions and the thread helper: landmarks_cpu.h.
-#include "landmarks_cpu.h"
-#include "prefetch_cpu.h"
+// Vector type, exponential, reductions and the thread helper: landmarks.h and simd.h.
+#include "landmarks.h"
 
 namespace {
 

@@ -1,12 +1,12 @@
-"""CPU kernel of the iterative pseudo-inverse's steps (``pinv_cpu.cpp``, float32; :mod:`attention.pinv`).
+"""Bindings of ``pinv.cpp``, the iterative pseudo-inverse's steps on CPU (float32; the method: :mod:`attention.pinv`).
 
 :func:`iterate` runs the ``n_iter`` steps ``Z ← Z · ¼ (13I − AZ(15I − AZ(7I − AZ)))`` of every ``m × m`` problem in
 one call, optionally keeping each step's ``(Z, AZ, W, inner, S)`` for :func:`iterate_backward`, the same chain
 rule as :class:`attention.pinv._Iterations` (the equations are in the C++ file). ATen runs the same products as
-24 calls per forward and 48 per backward (6 steps), each a batched GEMM of a few microseconds per problem plus
-its dispatch, and copies the identity for every diagonal term.
+24 calls per forward and 48 per backward (6 steps), each a batched GEMM with its dispatch, and copies the identity
+for every diagonal term.
 
-Same conditions as the attention kernels of :mod:`attention.landmarks_cpu` (float32 CPU tensors, eager, no
+Same conditions as the attention kernels of :mod:`kernels.cpu.landmarks` (float32 CPU tensors, eager, no
 dispatch mode, the library built), and ``m`` a power of two times the vector width, at most 128 (CUR's and
 Nyström's 64 landmarks); anything else runs the PyTorch form.
 """
@@ -15,23 +15,22 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
-from attention.landmarks_cpu import I64, MAX_KEYS, PTR, kernel_takes, load_kernels, vector_floats
+from kernels.cpu.build import I64, PTR, load_or_warn, source
+from kernels.cpu.landmarks import MAX_KEYS, kernel_takes, vector_floats
 
-SOURCE = Path(__file__).with_name("pinv_cpu.cpp")
 STEP_MATRICES = 5  # (Z, AZ, W, inner, S) kept per step for the backward
 
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
-    """The kernel (``pinv_cpu.cpp``), or None (with a warning) without a compiler."""
-    return load_kernels(SOURCE, "the pseudo-inverse runs its PyTorch form", "pinv_vector_bytes", {
+    """The kernel (``pinv.cpp``), or None (with a warning) without a compiler."""
+    return load_or_warn(source("pinv.cpp"), "the pseudo-inverse runs its PyTorch form", "pinv_vector_bytes", {
         "pinv_iterate_f32": [PTR] * 4 + [I64] * 2 + [ctypes.c_int] * 2,
         "pinv_iterate_backward_f32": [PTR] * 5 + [I64] * 2 + [ctypes.c_int] * 2,
-    })
+    }, ctypes.c_int)
 
 
 def takes(a: torch.Tensor) -> bool:
@@ -55,7 +54,7 @@ def iterate(a: torch.Tensor, z: torch.Tensor, n_iter: int, keep: bool) -> tuple[
                                         saved.data_ptr() if keep else None, problems, m, n_iter,
                                         torch.get_num_threads())
     if status:
-        raise ValueError(f"pinv_cpu: m={m} or n_iter={n_iter} is not supported by the kernel")
+        raise ValueError(f"kernels.cpu.pinv: m={m} or n_iter={n_iter} is not supported by the kernel")
     return out, saved
 
 
@@ -67,5 +66,5 @@ def iterate_backward(a: torch.Tensor, saved: torch.Tensor, grad: torch.Tensor) -
     status = library().pinv_iterate_backward_f32(a.data_ptr(), saved.data_ptr(), grad.data_ptr(), grad_a.data_ptr(),
                                                  grad_z.data_ptr(), problems, m, n_iter, torch.get_num_threads())
     if status:
-        raise ValueError(f"pinv_cpu: m={m} or n_iter={n_iter} is not supported by the backward kernel")
+        raise ValueError(f"kernels.cpu.pinv: m={m} or n_iter={n_iter} is not supported by the backward kernel")
     return grad_a, grad_z

@@ -1,53 +1,23 @@
 // CPU kernels of Nyström's sequence operations (attention/nystrom.py; docs/design.md §2): the depthwise conv
 // (SequenceConv) and the sums of the landmark segments (segment_means).
-// Built with attention/l1_cpu.py's build() and called through ctypes. Per problem p = (b, h) of P = B*H, rows of d
+// Built and bound by kernels/cpu/seqconv.py (plain C ABI through ctypes). Per problem p = (b, h) of P = B*H, rows of d
 // contiguous values, odd kernel size K, half = K / 2, zero outside [0, n):
 //   conv:        y[p, i] = base[p, i] + out_mask[b, i] * sum_t w[h, t] * in_mask[b, i + t - half] * x[p, i + t - half]
 //   weight_grad: gw[p, t] = sum_i in_mask[b, i + t - half] * (g[p, i] . x[p, i + t - half])
 //   segment_sums: sums[p, s] = sum_{i: segment[b, i] = s} x[p, i] for s < m
 // x, base, y, g: row strides and (b, h) strides in elements (any layout with contiguous rows); masks (B, n) of
-// 0/1 or null; w (H, K); gw (P, K). GCC vector extensions of l1_cpu.py's register width (-DLRA_VECTOR_BYTES):
-// tiles of output rows keep their accumulators in registers while each input row in their reach is loaded once.
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <thread>
+// 0/1 or null; w (H, K); gw (P, K). Tiles of output rows (vectors of simd.h) keep their accumulators in registers while each input row in their reach is loaded once.
 #include <type_traits>
-#include <vector>
 
-#include "prefetch_cpu.h"
+#include "simd.h"
 
 namespace {
 
-#ifndef LRA_VECTOR_BYTES
-#define LRA_VECTOR_BYTES 16
-#endif
-constexpr int kBytes = LRA_VECTOR_BYTES;  // one register of the instruction set l1_cpu.py compiles for
-
-template <typename T> struct Simd;
-template <> struct Simd<float> { typedef float vec __attribute__((vector_size(kBytes))); };
-template <> struct Simd<double> { typedef double vec __attribute__((vector_size(kBytes))); };
-template <typename T> using vec = typename Simd<T>::vec;
-template <typename T> constexpr int W = kBytes / sizeof(T);
-template <typename T> inline vec<T> load(const T* p) {
-  vec<T> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T> inline void store(T* p, vec<T> v) { std::memcpy(p, &v, sizeof v); }
-template <typename T> inline vec<T> splat(T x) { return x - vec<T>{}; }
+using namespace simd;
 
 struct Layout {  // element strides of a (B, H, n, d) tensor with contiguous rows
   int64_t b, h, row;
 };
-
-template <typename F> void parallel(int64_t n, int threads, F f) {
-  int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, n));
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < parts; ++t) pool.emplace_back(f, n * t / parts, n * (t + 1) / parts);
-  f(0, n / parts);
-  for (auto& worker : pool) worker.join();
-}
 
 // R output rows from i, V vectors of columns from c0 (or V scalar columns: A = T): acc[r][v] = sum_t w[t] *
 // in_mask[j] * x[j, column], j = i + r + t - half in [0, n). Each input row j is loaded (and masked) once per tile
@@ -89,7 +59,7 @@ inline void tile(const T* xp, int64_t xrow, const A* wv, const T* im, int64_t i,
 
 // Output rows per tile: R x 2 vector accumulators, as many as the registers allow beside the inputs.
 constexpr int kTileRows = kBytes == 64 ? 8 : 4;
-constexpr int64_t kAhead = 16;  // rows between the tile computed and the rows prefetched (prefetch_cpu.h)
+constexpr int64_t kAhead = 16;  // rows between the tile computed and the rows prefetched (simd.h)
 
 template <typename T>
 void conv(const T* x, Layout xl, const T* w, const T* in_mask, const T* out_mask, const T* base, Layout bl, T* y,

@@ -1,30 +1,18 @@
 // CPU kernels of exact L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1).
-// Built and called by attention/l1_cpu.py (plain C ABI through ctypes); the math is in its docstring.
+// Built and bound by kernels/cpu/l1.py (plain C ABI through ctypes); the math is in attention/l1_cpu.py.
 // Tensors are flattened over (batch, heads) to P problems; rows are contiguous, q and dq may be row ranges
 // of a longer sequence (qs = elements between problems), everything else is contiguous:
 //   distance:  out[p, i, j] = scale * sum_e |q[p, i, e] - kt[p, e, j]|     q (P, a, d), kt (P, d, b), out (P, a, b)
 //   sign_grad: dq[p, i, :]  = scale * sum_j g[p, i, j] sign(q_i - k_j)     g (P, a, b), k (P, b, d); dq overwritten
 //              dk[p, j, :] -= scale * sum_i g[p, i, j] sign(q_i - k_j)     dk (P, b, d) accumulated; d % W == 0
-// GCC vector extensions; one vector is one register of the instruction set l1_cpu.py compiles for
-// (-DLRA_VECTOR_BYTES: 64 with AVX-512, 32 with AVX2, 16 otherwise: SSE2, which every x86-64 has, or NEON).
-// A vector wider than the registers is split into several, so the register tiles below no longer fit and
-// spill, and GCC lowers its comparisons lane by lane (scalar compares and branches): width and tiles must
-// follow the -m flags.
-#include <algorithm>
+// Vectors, loads and threads: simd.h.
 #include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <thread>
-#include <vector>
 
-#ifndef LRA_VECTOR_BYTES
-#define LRA_VECTOR_BYTES 16
-#endif
+#include "simd.h"
 
 namespace {
 
-constexpr int kBytes = LRA_VECTOR_BYTES;
-static_assert(kBytes == 16 || kBytes == 32 || kBytes == 64, "LRA_VECTOR_BYTES must be 16, 32 or 64");
+using namespace simd;
 
 // Register tiles, sized so that the vectors live across the inner loops fit the register file: 32 registers
 // with AVX-512, 16 otherwise (AVX2, SSE2; NEON's 32 are not used).
@@ -41,42 +29,10 @@ constexpr int kDistanceRows = kWide ? 8 : 4, kDistanceVectors = 2;
 constexpr int kSignGroup = kWide ? 4 : 2, kSignTile = kBytes == 16 ? 6 : 8;
 constexpr bool kHoldQueries = kWide;
 
-template <typename T> struct Simd;
-template <> struct Simd<float> {
-  typedef float vec __attribute__((vector_size(kBytes)));
-  typedef int32_t bits __attribute__((vector_size(kBytes)));
-  static constexpr int32_t sign = INT32_MIN;
-};
-template <> struct Simd<double> {
-  typedef double vec __attribute__((vector_size(kBytes)));
-  typedef int64_t bits __attribute__((vector_size(kBytes)));
-  static constexpr int64_t sign = INT64_MIN;
-};
-template <typename T> using vec = typename Simd<T>::vec;
-template <typename T> using bits = typename Simd<T>::bits;
-template <typename T> constexpr int W = kBytes / sizeof(T);
-
-template <typename T> inline vec<T> load(const T* p) {
-  vec<T> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T> inline void store(T* p, vec<T> v) { std::memcpy(p, &v, sizeof v); }
-template <typename T> inline vec<T> splat(T x) { return x - vec<T>{}; }  // folds to a broadcast (x - 0 == x)
-template <typename T> inline vec<T> vabs(vec<T> x) { return (vec<T>)((bits<T>)x & ~Simd<T>::sign); }
 // g * sign(x) with sign(0) = 0 (torch.sign): flip g's sign bit where x < 0, zero it where x == 0.
 template <typename T> inline vec<T> times_sign(vec<T> g, vec<T> x) {
-  bits<T> flipped = (bits<T>)g ^ ((bits<T>)x & Simd<T>::sign);
+  bits<T> flipped = (bits<T>)g ^ ((bits<T>)x & Lanes<T>::sign);
   return (vec<T>)(flipped & (bits<T>)(x != vec<T>{}));
-}
-
-// Runs f(lo, hi) over [0, n) split into `threads` contiguous ranges (the calling thread takes one).
-template <typename F> void parallel(int64_t n, int threads, F f) {
-  int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, n));
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < parts; ++t) pool.emplace_back(f, n * t / parts, n * (t + 1) / parts);
-  f(0, n / parts);
-  for (auto& worker : pool) worker.join();
 }
 
 // R query rows against all b keys: R x (JV vectors of keys) accumulators stay in registers, each key

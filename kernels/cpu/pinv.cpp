@@ -1,5 +1,5 @@
 // CPU kernel of the iterative pseudo-inverse's steps (attention/pinv.py: Nyströmformer, Xiong et al. 2021, eq. 16),
-// float32, built and called by attention/pinv_cpu.py (plain C ABI through ctypes). Per problem (one m x m matrix A
+// float32, built and bound by kernels/cpu/pinv.py (plain C ABI through ctypes). Per problem (one m x m matrix A
 // and its start Z_0), n_iter steps
 //   AZ = A Z,   W = 7I - AZ,   inner = 15I - AZ W,   S = 13/4 I - 1/4 AZ inner,   Z <- Z S,
 // and their backward from G = dL/dZ_last: the chain rule of pinv.py's _Iterations, written for the transposes so
@@ -7,16 +7,16 @@
 //   dS^T = G^T Z,   dZ^T = S G^T,   dinner^T = -1/4 dS^T AZ,
 //   dAZ^T = -1/4 inner dS^T - W dinner^T + dinner^T AZ,   dA^T += Z dAZ^T,   dZ^T += dAZ^T A.
 // m = W, 2W, 4W, ... up to kMaxKeys (m x m matrices in cache): R rows of a product stay in registers
-// (row_products of landmarks_cpu.h), one pass over its right operand per R rows. Where ATen runs each of these
+// (row_products of landmarks.h), one pass over its right operand per R rows. Where ATen runs each of these
 // products as its own call (24 per forward, 48 per backward at 6 steps), with a copy of the identity for each
 // diagonal term, here a problem's whole iteration is one call. Problems run in parallel.
-#include "landmarks_cpu.h"
+#include "landmarks.h"
 
 namespace {
 
 using namespace landmarks;
 
-constexpr int kStep = 5;  // matrices kept per step for the backward: Z, AZ, W, inner, S (pinv_cpu.py's STEP_MATRICES)
+constexpr int kStep = 5;  // matrices kept per step for the backward: Z, AZ, W, inner, S (kernels/cpu/pinv.py's STEP_MATRICES)
 
 // c = alpha * a b + beta * c + diag * I for m x m row-major matrices, m = MV * W; c is neither a nor b, and with
 // beta = 0 c is only written.
