@@ -11,5 +11,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if not OmegaConf.has_resolver("repo_root"):
     OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
 
-# Our launcher configs extend the Hydra plugins' schemas of the same name, which Hydra announces on every launch.
-warnings.filterwarnings("ignore", message=".*is validated against ConfigStore schema with the same name", category=UserWarning)
+# Our launcher configs extend the Hydra plugins' schemas of the same name, which Hydra announces on every launch
+# (the message starts with a newline: (?s) lets .* cross it).
+warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema with the same name",
+                        category=UserWarning)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 GATE_BUFFER = "memory_gate"  # name of the μ buffer of attention.liza.LiZAAttention (scheduled gate)
 
@@ -84,32 +83,6 @@ class ValidateLastStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
             trainer.should_stop = True
-
-
-class ResumingProgressBar(TQDMProgressBar):
-    """Lightning's tqdm bar, also right after a resume in the middle of an epoch.
-
-    Lightning does not call ``on_train_epoch_start`` for a restarted epoch, so its bar would count on without a
-    total or the epoch's name ("Training: 2510/?"), and measure it/s as if the restored batches had been trained
-    in the resumed process's first seconds. Here the restarted epoch's bar gets its total and name, and starts at
-    the restored batch (tqdm's ``initial``), so it/s and the time left count only the batches trained since.
-    Its total counts the restored batches too: Lightning's (the epoch's batches, or the steps left if fewer)
-    would read "924/1576" for a 2500-step stage resumed at step 924.
-    """
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        if trainer.fit_loop.restarted_mid_epoch and not self.train_progress_bar.disable:
-            self.on_train_epoch_start(trainer)
-            done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
-            total = min(trainer.num_training_batches, done + self.total_train_batches)
-            self.train_progress_bar.total = convert_inf(total)
-            self.train_progress_bar.initial = self.train_progress_bar.n = done
-            self.train_progress_bar.refresh()
-
-    def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
-        self.train_progress_bar.initial = 0  # before Lightning's reset() redraws the bar (else a negative it/s)
-        super().on_train_epoch_start(trainer, *args)
 
 
 class LastCheckpoint(ModelCheckpoint):

@@ -39,7 +39,7 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
     datamodule = instantiate(cfg.task.datamodule)
     trainer = build_trainer(cfg, run_dir)
     started = time.perf_counter()
-    accuracies = test_accuracies(trainer.test(module, datamodule=datamodule))
+    accuracies = test_accuracies(trainer.test(module, datamodule=datamodule, verbose=cfg.verbose))
     write_test_predictions(trainer, module, run_dir)
     return {
         **accuracies,

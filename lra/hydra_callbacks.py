@@ -80,23 +80,28 @@ def local_ddp_problem(config: DictConfig) -> str | None:
     return None
 
 
-def sweep_jobs(config: DictConfig) -> list[tuple[Path, DictConfig]]:
-    """(job dir, job config) of every job the basic sweeper will launch, in its order and numbering.
-
-    Mirrors ``BasicSweeper.sweep``: ``hydra.sweeper.params`` first, then the command line, crossed;
-    each job composed as the launcher does (``load_sweep_config`` with ``hydra.job.num`` set). Empty
+def sweep_batch(config: DictConfig) -> list[list[str]] | None:
+    """The overrides of every job the basic sweeper will launch, in its order (job ``k`` is item ``k``), or None
     for another sweeper (its jobs are not known in advance).
-    """
+
+    Mirrors ``BasicSweeper.sweep``: ``hydra.sweeper.params`` first, then the command line, crossed."""
     if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
-        return []
+        return None
     loader = GlobalHydra.instance().config_loader()
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     arguments = [*(f"{k}={v}" for k, v in params.items()), *OmegaConf.select(config, "hydra.overrides.task", default=[])]
     (batch,) = BasicSweeper.split_arguments(OverridesParser.create(config_loader=loader).parse_overrides(arguments), None)
+    return [list(overrides) for overrides in batch]
+
+
+def sweep_jobs(config: DictConfig) -> list[tuple[Path, DictConfig]]:
+    """(job dir, job config) of every job of :func:`sweep_batch`, each composed as the launcher does
+    (``load_sweep_config`` with ``hydra.job.num`` set). Empty for another sweeper."""
+    loader = GlobalHydra.instance().config_loader()
     sweep_dir = Path(str(config.hydra.sweep.dir))  # resolved (and ${now:} cached) in the config the launcher reads
     jobs = []
-    for num, overrides in enumerate(batch):
-        job = loader.load_sweep_config(config, list(overrides))
+    for num, overrides in enumerate(sweep_batch(config) or []):
+        job = loader.load_sweep_config(config, overrides)
         with open_dict(job):
             job.hydra.job.id = job.hydra.job.num = num
         jobs.append((sweep_dir / str(job.hydra.sweep.subdir), job))

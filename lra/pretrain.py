@@ -86,6 +86,8 @@ class PretrainModule(L.LightningModule):
     ``loss_curve`` lists ``[step, loss]`` every ``curve_every`` steps and at the last one (kept in checkpoints,
     written to ``results.json`` as ``pretrain_loss_curve``). ``settings`` as in :class:`lra.module.LRAModule`."""
 
+    stage_name = "pretrain"  # the progress bar's name (lra.progress)
+
     def __init__(self, model: nn.Module, vocab_size: int, mask_ratio: float, mask_id: int,
                  optimizer: Callable[..., torch.optim.Optimizer],
                  scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None,

@@ -151,7 +151,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         train_time, samples = module.clock.seconds(), module.samples_seen  # before testing loads a checkpoint
         has_best = bool(getattr(trainer.checkpoint_callback, "best_model_path", ""))
         val_curve = list(module.val_curve)  # testing loads the best checkpoint, whose curve ends at its step
-        per_loader = trainer.test(module, datamodule=datamodule, ckpt_path="best" if has_best else None)
+        per_loader = trainer.test(module, datamodule=datamodule, verbose=cfg.verbose,
+                                  ckpt_path=trainer.checkpoint_callback.best_model_path if has_best else None)
     except BaseException as error:
         error.step = trainer.global_step  # the step the failed / interrupted record names, and its curve so far
         error.val_curve = list(module.val_curve)

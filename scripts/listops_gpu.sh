@@ -6,8 +6,8 @@
 # 2. measures the recipe's training speed here: PROBE_STEPS (40) steps on 2,000 generated full-length examples (a probe run in a
 #    scratch dir, evaluation excluded);
 # 3. trains experiment=listops_deep for the steps that fit MINUTES at that speed (90 % of it: evaluations take the
-#    rest), warmup 5 % of them (the recipe's ratio), 8 evaluations, then tests the best checkpoint on the test and
-#    the independent test;
+#    rest), warmup 5 % of them (the recipe's ratio), 8 evaluations (one, at the end, below 80 steps), then tests the
+#    best checkpoint on the test and the independent test;
 # 4. copies results.json, predictions.json and the best checkpoint to docs/runs/listops_deep_<attention>_<steps>_<device>_s<seed>/,
 #    where lra.analysis.report docs/runs reads them.
 # On a machine without CUDA it trains on the CPU (trainer=cpu): a smoke test of the same steps. Environment: DATA_DIR
@@ -40,7 +40,7 @@ fi
 
 echo "[listops_gpu] measuring experiment=listops_deep attention=$ATTENTION on $DEVICE ($PROBE_STEPS steps)"
 "$PYTHON" -m lra.tasks.listops generate --out "$SCRATCH/probe_data" --train 2000 --val 64 --test 64 \
-  --independent-test 0 --seed 1 > /dev/null
+  --independent-test 0 --seed 1 > "$SCRATCH/generate.log" 2>&1 || { cat "$SCRATCH/generate.log" >&2; exit 1; }
 "$PYTHON" -m lra.train experiment=listops_deep attention="$ATTENTION" trainer="$TRAINER" seed="$SEED" \
   task.data_dir="$SCRATCH/probe_data" paths.cache_dir="$SCRATCH/cache" trainer.max_steps="$PROBE_STEPS" task.warmup_steps=1 \
   task.eval_every="$PROBE_STEPS" logger=none "${WORKERS[@]}" "${EXTRA[@]}" hydra.run.dir="$SCRATCH/probe" > "$SCRATCH/probe.log" 2>&1 \
@@ -50,7 +50,8 @@ import json, sys
 record = json.load(open(sys.argv[1]))
 samples_per_s, seconds = record["samples_per_s"], float(sys.argv[2]) * 60 * 0.9
 steps = max(10, int(seconds * samples_per_s / 64))  # batch 64: configs/experiment/listops_deep.yaml
-print(steps, max(1, steps // 20), max(1, steps // 8), f"{samples_per_s:.1f}")
+evaluate_every = steps // 8 if steps >= 80 else steps  # 8 evaluations; a run this short only at its end
+print(steps, max(1, steps // 20), evaluate_every, f"{samples_per_s:.1f}")
 EOF
 )
 echo "[listops_gpu] $SPS samples/s: $STEPS steps (warmup $WARMUP, evaluated every $EVAL) fit $MINUTES min"

@@ -9,7 +9,8 @@ from tests.conftest import compose_config, run_cli
 
 def test_ddp_cpu_trains_with_two_processes_and_writes_once(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer=ddp_cpu", f"hydra.run.dir={run_dir}"])
+    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer=ddp_cpu", "verbose=true",  # Lightning's INFO
+                    f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in output  # a second rank joined

@@ -19,6 +19,7 @@ from lra.pretrain import build_pretrain_module, mask_tokens, validate
 from lra.run_dir import RECORD, ResumeRefused, check_resume
 from lra.train import SIGTERM_EXIT_CODE
 from tests.conftest import compose_config, run_cli
+from tests.console_output import bar_states
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
 
@@ -190,8 +191,9 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {run_dir / 'pretrain' / 'checkpoints'}" in resumed.stdout and "(step 3)" in resumed.stdout
-    # Its bar counts the 3 restored batches of the 4-batch epoch in its total, not only the 3 steps left
-    assert "3/4 [" in resumed.stdout and "3/3 [" not in resumed.stdout
+    # The stage's bar starts at the restored step of its 6 (lra.progress.StepProgressBar), then the supervised one
+    assert bar_states(resumed.stdout, "pretrain")[0] == (3, 6) and bar_states(resumed.stdout, "pretrain")[-1] == (6, 6)
+    assert bar_states(resumed.stdout, "train")[0] == (0, 4) and bar_states(resumed.stdout, "train")[-1] == (4, 4)
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "completed" and record["pretrain_steps"] == 6 and record["steps"] == 4
     assert record["pretrain_time_s"] > first_part["pretrain_time_s"]  # both processes' time

@@ -77,7 +77,8 @@ def test_setting_names_only_what_differs_from_the_plain_recipe(tmp_path, capsys)
         "rotary": ["model/positions=rotary", "pretrain.steps=2500"],
         "gpu": ["trainer=gpu", "logger=csv", "trainer.max_steps=3000", "optimizer.lr=1e-3", "task.eval_every=250"],
         "dropout": ["model.dropout=0", "attention.dropout=0"],
-        "learned": ["model/positions=learned", "paths.cache_dir=/elsewhere"],  # the default, and a location only
+        "learned": ["model/positions=learned", "paths.cache_dir=/elsewhere",  # the default, a location, the console
+                    "verbose=true", "callbacks.progress.refresh_rate=1"],
     }
     for seed, (name, overrides) in enumerate(recipes.items()):
         write_run(tmp_path, name, "listops", "curformer", seed, 0.36, overrides=overrides)

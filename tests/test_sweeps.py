@@ -9,9 +9,12 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from lra import REPO_ROOT, report
+from lra import REPO_ROOT
+from lra.analysis import report
 from lra.hydra_callbacks import missing_options
+from lra.sweep_console import summary
 from tests.conftest import CONFIG_DIR, run_cli
+from tests.console_output import sweep_table
 
 EXPERIMENTS = sorted(path.stem for path in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"))
 
@@ -32,6 +35,7 @@ def test_joblib_2x2_sweep_runs_in_parallel_and_reports(tiny_listops_overrides, s
     proc = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, *second_attention, "attention=softmax,softmax_b",
                     "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "validated against ConfigStore schema" not in proc.stderr  # filtered in lra/__init__.py, workers too
     results = sorted(sweep.rglob("results.json"))
     assert len(results) == 4
     records = [json.loads(path.read_text()) for path in results]
@@ -42,6 +46,18 @@ def test_joblib_2x2_sweep_runs_in_parallel_and_reports(tiny_listops_overrides, s
     # .hydra/config.yaml before the job function runs; end: results.json is written last).
     spans = sorted((path.parent.joinpath(".hydra", "config.yaml").stat().st_mtime, path.stat().st_mtime) for path in results)
     assert any(start_b < end_a for (_, end_a), (start_b, _) in zip(spans, spans[1:])), spans
+    # Each job, in its worker process, says which it is; the sweep ends with one table of its jobs in their order.
+    jobs = [("softmax", 0), ("softmax", 1), ("softmax_b", 0), ("softmax_b", 1)]  # the basic sweeper's order
+    for k, (attention, seed) in enumerate(jobs, start=1):
+        assert f"[lra] job {k} of 4: attention={attention} seed={seed}" in proc.stdout
+    first, rows = sweep_table(proc.stdout, sweep)
+    assert first == f"[lra] sweep {sweep}: 4 jobs, 4 completed"
+    assert [(row["job"], row["attention"], row["seed"]) for row in rows] == [(str(k), a, str(s)) for k, (a, s) in
+                                                                            enumerate(jobs, start=1)]
+    for row in rows:
+        record = json.loads((sweep / row["run dir"] / "results.json").read_text())
+        assert (record["attention"], str(record["seed"])) == (row["attention"], row["seed"])
+        assert row["status"] == "completed" and row["test acc"] == f"{record['test_acc']:.4f}"
 
     published = tmp_path / "published.yaml"
     published.write_text(yaml.safe_dump({"demo": {"source": "test table", "tasks": ["listops_small"], "rows": [
@@ -66,13 +82,17 @@ def test_failed_job_is_reported_and_fails_the_sweep(tiny_listops_overrides, tmp_
     proc = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, "trainer.max_steps=4,0", f"hydra.sweep.dir={sweep}"])
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "1 job(s) of the sweep" in proc.stderr and "trainer.max_steps must be an integer >= 1" in proc.stderr
+    first, rows = sweep_table(proc.stdout, sweep)  # printed before the failures are named
+    assert first == f"[lra] sweep {sweep}: 2 jobs, 1 completed, 1 failed"
+    assert [(row["trainer.max_steps"], row["status"], row["test acc"] != "-") for row in rows] == [
+        ("4", "completed", True), ("0", "failed", False)]
     out = tmp_path / "report.md"
     assert report.main([str(sweep), "--out", str(out)]) == 0
     text = out.read_text()
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
-    assert text.startswith("### listops_small")  # one table per task; no run interrupted or missing: no such columns
-    assert header[:4] == ["attention", "trainer.max_steps", "seeds", "failed"]
-    assert sorted(row[1:4] for row in rows) == [["0", "0", "1"], ["4", "1", "0"]]
+    assert text.startswith("### listops_small")  # one table per task, one row per setting, the failure in its row
+    assert header[:3] == ["attention", "setting", "seeds"]
+    assert sorted(row[1:3] for row in rows) == [["0 steps", "0 (1 failed)"], ["4 steps", "1"]]
     assert "1 run(s) not completed" in text and "failed: listops_small / softmax / seed 0" in text
 
 
@@ -121,3 +141,15 @@ def test_submitit_local_runs_a_job(tiny_listops_overrides, tmp_path):
     (result,) = sweep.rglob("results.json")
     assert json.loads(result.read_text())["status"] == "completed"
     assert list((sweep / ".submitit").rglob("*_log.out"))  # ran through submitit
+
+
+def test_sweep_summary_names_a_job_without_a_record(tmp_path):
+    """A job killed outright leaves no results.json: its row says so instead of vanishing from the table."""
+    (tmp_path / "0_run").mkdir()
+    (tmp_path / "0_run" / "results.json").write_text(json.dumps({"overrides": ["seed=0", "task=t"], "status": "completed",
+                                                                 "test_acc": 0.25}))
+    first, *table = summary(tmp_path, [["task=t", "seed=0"], ["task=t", "seed=1"]])
+    assert first == f"[lra] sweep {tmp_path}: 2 jobs, 1 completed, 1 missing"
+    assert [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:]] == [
+        ["1", "0", "completed", "0.2500", "0_run"], ["2", "1", "missing", "-", "-"]]
+    assert [cell.strip() for cell in table[0].strip("|").split("|")] == ["job", "seed", "status", "test acc", "run dir"]

@@ -38,7 +38,7 @@ def test_run_shorter_than_eval_every_is_evaluated_at_its_last_step(tiny_listops_
     """max_steps = 3, eval_every = 5: no periodic evaluation falls in the run, so step 3 is validated, saved as
     the best checkpoint and tested from it."""
     run_dir = tmp_path / "run"
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=3", "task.eval_every=5",
+    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=3", "task.eval_every=5", "verbose=true",
                     f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
@@ -47,7 +47,7 @@ def test_run_shorter_than_eval_every_is_evaluated_at_its_last_step(tiny_listops_
     best = run_dir / "checkpoints" / "best-3.ckpt"
     assert results["best_checkpoint"] == str(best) and best.exists()
     assert torch.load(best, map_location="cpu", weights_only=False)["global_step"] == 3
-    assert f"Loaded model weights from the checkpoint at {best}" in proc.stdout + proc.stderr  # trainer.test
+    assert f"Loaded model weights from the checkpoint at {best}" in proc.stdout + proc.stderr  # trainer.test (verbose)
     assert 0.0 <= results["test_acc"] <= 1.0
 
 

@@ -8,8 +8,8 @@ round-off), so ``attention.selection=abs`` on CURformer (its default) names noth
 short and in a fixed order (what is trained, then how, then where): ``selection=sum``,
 ``positions=rotary · pretrain 2,500``, ``lr 1e-3 · 3,000 steps · GPU``.
 
-Not part of a setting: the seed, W&B ``group``/``tags``, the logger, ``paths.*``, ``hydra.*`` and
-``task.eval_every`` (how often validation runs, which only picks the tested checkpoint among more or fewer
+Not part of a setting: the seed, W&B ``group``/``tags``, the logger, ``paths.*``, ``hydra.*``, what the console
+shows (``verbose``, ``callbacks.progress``) and ``task.eval_every`` (how often validation runs, which only picks the tested checkpoint among more or fewer
 candidates). ``task.data_dir`` is a part (``data listops_full``) named by its path from its ``data`` folder
 on, so the same generated data in two checkouts is one dataset.
 """
@@ -30,7 +30,7 @@ from lra.analysis.report_runs import warn
 from lra.config import CONFIG_DIR
 
 IDENTITY = ("task", "attention", "seed")  # the row's own columns (seed: a row's runs differ in it by design)
-BOOKKEEPING = ("group", "tags", "logger", "paths", "hydra", "task.eval_every")
+BOOKKEEPING = ("group", "tags", "logger", "paths", "hydra", "task.eval_every", "verbose", "callbacks.progress")
 DATA = "task.data_dir"
 RECIPE_GROUPS = ("experiment",)  # choices that select a named recipe: composed into the recipe, and named
 # (prefix, rank): a part's place in the setting, the first prefix that matches
