@@ -23,6 +23,9 @@ fused ``attend``); no ``n × n`` matrix and no one-hot selection matrix is built
 Training on CPU with the softmax or the L1 score runs the same products as one autograd node
 (:mod:`attention.cur_cpu`), whose backward writes no ``n × d`` copies.
 
+On other devices than the CPU (CUDA; ``meta``) the softmax score runs the fused forms (:mod:`attention.paths`,
+:func:`fused_cur_attention`): three fused attention calls and a handful of batched operators, no host sync.
+
 Decisions: everything runs in float32 with autocast disabled (float64 stays float64) and the
 output is cast back to the input dtype. Slots that :mod:`attention.selection` had to put on pad
 positions (sequences with ``n_real < m``) are invalid: their columns of ``C`` are masked, their
@@ -35,9 +38,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from attention import cur_cpu
+from attention import cur_cpu, paths
 from attention.pinv import check_pinv_init, iterative_pinv
 from attention.precision import autocast_off
 from attention.scores import SoftmaxScore
@@ -102,6 +106,9 @@ def cur_attention(
         key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
     with autocast_off(q.device.type):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        if paths.fused(q) and isinstance(score, SoftmaxScore):
+            return fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters, overwrite_rows,
+                                       pinv_init).to(out_dtype)
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
@@ -129,6 +136,39 @@ def cur_attention(
             saved = fused and torch.is_grad_enabled() and y.requires_grad
             y = y.scatter(2, rows, rv) if saved else y.scatter_(2, rows, rv)
     return y.to(out_dtype)
+
+
+def fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters: int, overwrite_rows: bool,
+                        pinv_init: str) -> torch.Tensor:
+    """:func:`cur_attention` with the softmax score in the fused forms (:mod:`attention.paths`): three fused attention
+    calls (``F.scaled_dot_product_attention``, the memory-efficient kernel on a GPU), whose weights are recomputed
+    in their backward, never stored::
+
+        R V = SDPA(Q_I, K, V, pad mask)            m queries over the n keys            (B, H, m, d)
+        U   = SDPA(Q_I, K_J, I_m, slot mask)       C[I]: the weights themselves          (B, H, m, m)
+        Y   = SDPA(Q, K_J, U⁺ (R V), slot mask)    n queries over the m selected keys   (B, H, n, d)
+
+    then ``Y[I] = R V``. Invalid slots (pads selected when ``n_real < m``) are masked as keys; their rows of ``U``
+    attend to their own slot only, which makes them rows of the identity, as in the CPU form. Float32 (float64
+    stays), as the caller casts. About thirty kernel launches forward and backward (``python -m lra.bench launches``).
+    """
+    batch, heads, n, _ = q.shape
+    m = index_q.shape[-1]
+    positions_mask = key_mask[:, None, :].expand(batch, heads, n)
+    valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
+    valid_k = valid_q if index_k is index_q else positions_mask.gather(2, index_k)
+    q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
+    k, k_rows = _with_rows(k, index_k)
+    self_only = paths.identity(m, q.dtype, q.device)[1]
+    slots = paths.masking_bias(valid_k, q.dtype)[:, :, None, :]  # the m selected keys, (B, H, 1, m)
+    rv = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=paths.masking_bias(key_mask, q.dtype)[:, None, None, :])
+    u_mask = torch.where(valid_q[..., None], slots, self_only)  # invalid rows: their own slot, (B, H, m, m)
+    u = paths.attention_weights(q_rows, k_rows, u_mask)  # C[I], (B, H, m, m), contiguous
+    w, rv = paths.product_and_rows(iterative_pinv(u, pinv_iters, pinv_init), rv)  # U⁺ (R V), (B, H, m, d)
+    y = F.scaled_dot_product_attention(q, k_rows, w, attn_mask=slots)  # C W, (B, H, n, d)
+    if overwrite_rows:  # out of place: the attention kernel saved y for its backward
+        y = y.scatter(2, index_q[..., None].expand_as(rv), rv)
+    return y
 
 
 def check_positive_int(value, key: str) -> int:

@@ -9,8 +9,10 @@ of :mod:`kernels.flashcur` (forward and backward, launched by :mod:`kernels.flas
     Y  = softmax(s·Q K_Jᵀ) W, Y[I] = RV     kernel (c), one query tile per program       (n × d)
 
 ``s = 1/√d``. ``C`` (n×m) and ``R`` (m×n) are never stored: the forward keeps only their row
-log-sum-exps (n + m floats per head) and the backward recomputes them tile by tile. The pseudo-
-inverse iteration is checkpointed (its m×m intermediates are recomputed in the backward).
+log-sum-exps (n + m floats per head) and the backward recomputes them tile by tile. Between the kernels a
+handful of batched operators (selection, the rows ``Q_I`` and ``K_J``, ``U``'s identity rows on invalid slots,
+``W``), no host synchronisation: about thirty kernel launches for a layer's forward and backward with a fused
+pseudo-inverse (``python -m lra.bench launches``).
 
 Parameters and defaults are CURformer's (``configs/attention/curformer.yaml``; selection by
 :func:`attention.selection.select_indices`, same rules and decisions, including ``n_real < m``).
@@ -28,14 +30,15 @@ and dtypes: the ``meta`` device, ``torch.compile``'s tracing) and its autograd f
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-from attention.cur import CURAttention
-from attention.pinv import iterative_pinv
+from attention import paths
+from attention.cur import CURAttention, _with_rows
+from attention.pinv import fused_takes, iterative_pinv
 from attention.precision import autocast_off
 from attention.selection import gather_rows
 from kernels.common.launch import device_capability, interpreted
@@ -74,6 +77,7 @@ def _(q_sel, k, v, key_mask, rv, lse, d_rv):
 
 def _rv_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs, *output)
+    ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
 
 
 def _rv_grad(ctx, d_rv, d_lse):
@@ -103,11 +107,13 @@ def _u_setup(ctx, inputs, output):
 
 def _u_grad(ctx, d_u):
     q_sel, k_sel, u = ctx.saved_tensors
-    scale = q_sel.shape[-1] ** -0.5
+    batch, heads, m, d = q_sel.shape
     with autocast_off(u.device.type):
-        d_scores = u * (d_u - (d_u * u).sum(-1, keepdim=True)) * scale  # (B, H, m, m)
-        dq_sel = d_scores @ k_sel.float()
-        dk_sel = d_scores.transpose(-1, -2) @ q_sel.float()
+        d_scores = torch._softmax_backward_data(d_u, u, -1, u.dtype).view(-1, m, m)  # u ⊙ (dU − Σ dU ⊙ u)
+        q_rows, k_rows = q_sel.float().view(-1, m, d), k_sel.float().view(-1, m, d)
+        # the softmax's scale s in the products' alpha: dQ_I = s dS K_J, dK_J = s dSᵀ Q_I (beta 0: no input read)
+        dq_sel = torch.baddbmm(q_rows, d_scores, k_rows, beta=0, alpha=d**-0.5).view(q_sel.shape)
+        dk_sel = torch.baddbmm(k_rows, d_scores.mT, q_rows, beta=0, alpha=d**-0.5).view(k_sel.shape)
     return dq_sel.to(q_sel.dtype), dk_sel.to(k_sel.dtype), None
 
 
@@ -144,6 +150,7 @@ def _out_setup(ctx, inputs, output):
     ctx.save_for_backward(q, k_sel, valid_k, w, slot, output[1], index_q)
     ctx.m_padded = rv.shape[2]
     ctx.overwrite_rows = overwrite_rows
+    ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
 
 
 def _out_grad(ctx, d_y, d_lse):
@@ -151,11 +158,39 @@ def _out_grad(ctx, d_y, d_lse):
     dq, dk_sel, dw = _out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
     d_rv = None
     if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
-        d_rv = F.pad(gather_rows(d_y.float(), index_q), (0, 0, 0, ctx.m_padded - index_q.shape[2]))
+        d_rv = gather_rows(d_y.float(), index_q)
+        if ctx.m_padded > index_q.shape[2]:
+            d_rv = F.pad(d_rv, (0, 0, 0, ctx.m_padded - index_q.shape[2]))
     return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None
 
 
 _out_forward.register_autograd(_out_grad, setup_context=_out_setup)
+
+
+class _RecomputedPinv(torch.autograd.Function):
+    """:func:`attention.pinv.iterative_pinv` in its PyTorch form saving only ``U``: the backward runs the iteration
+    again and differentiates it, so its ``5 · n_iter`` matrices of ``m × m`` per head (at n = 4096, m = 64 half the
+    size of an ``n × m`` one) are not kept from forward to backward. (``torch.utils.checkpoint`` does the same but
+    makes a tensor on the host in each call, which a GPU step must not.)"""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, n_iter: int, init: str) -> torch.Tensor:
+        ctx.save_for_backward(u)
+        ctx.n_iter, ctx.init = n_iter, init
+        return iterative_pinv(u, n_iter, init)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (u,) = ctx.saved_tensors
+        with torch.enable_grad():
+            u = u.detach().requires_grad_()
+            return torch.autograd.grad(iterative_pinv(u, ctx.n_iter, ctx.init), u, grad)[0], None, None
+
+
+@functools.lru_cache(maxsize=None)
+def _slot_numbers(m: int, device: torch.device) -> torch.Tensor:
+    """``0, 1, …, m − 1`` as int32 on ``device``, made once (a constant, not a launch per call)."""
+    return torch.arange(m, dtype=torch.int32, device=device)
 
 
 def _padded_size(m: int) -> int:
@@ -196,24 +231,31 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     batch, heads, n, _ = q.shape
     m = index_q.shape[2]
-    pad = _padded_size(m) - m
-    real_slot = F.pad(torch.ones(m, dtype=torch.bool, device=q.device), (0, pad))  # (M,)
-    index_q_p, index_k_p = F.pad(index_q, (0, pad)), F.pad(index_k, (0, pad))  # (B, H, M)
+    size = _padded_size(m)
     positions_mask = key_mask[:, None, :].expand(batch, heads, n)
-    valid_q = positions_mask.gather(2, index_q_p) & real_slot
-    valid_k = positions_mask.gather(2, index_k_p) & real_slot
-    q_sel = gather_rows(q, index_q_p).contiguous()
-    k_sel = gather_rows(k, index_k_p).contiguous()
+    same = index_k is index_q
+    if size > m:  # inert slots up to the kernels' size: never valid, never written to Y
+        index_q = F.pad(index_q, (0, size - m))
+        index_k = index_q if same else F.pad(index_k, (0, size - m))
+    valid_q = positions_mask.gather(2, index_q)  # (B, H, M)
+    valid_k = valid_q if same else positions_mask.gather(2, index_k)
+    if size > m:
+        real_slot = _slot_numbers(size, q.device) < m
+        valid_q = valid_q & real_slot
+        valid_k = valid_q if same else valid_k & real_slot
+    q, q_sel = _with_rows(q, index_q)  # (B, H, n, d), (B, H, M, d)
+    k, k_sel = _with_rows(k, index_k)
     rv, _ = _rv_forward(q_sel, k, v, key_mask)  # (B, H, M, d) float32
-    u = _u_forward(q_sel, k_sel, valid_k)  # (B, H, M, M) float32
     with autocast_off(q.device.type):
-        u = u.masked_fill(~valid_q[..., None], 0.0) + torch.diag_embed((~valid_q).float())
-        # Recomputed in backward: the iteration's m×m intermediates are not kept (only U is).
-        w = checkpoint(iterative_pinv, u, pinv_iters, pinv_init, use_reentrant=False) @ rv  # (B, H, M, d)
+        eye = paths.identity(size, torch.float32, q.device)[0]
+        u = torch.where(valid_q[..., None], _u_forward(q_sel, k_sel, valid_k), eye)  # identity rows on invalid slots
+        # U⁺, (B, H, M, M): the fused kernels keep one iterate a step for their backward, the PyTorch form recomputes
+        pinv = iterative_pinv(u, pinv_iters, pinv_init) if fused_takes(u) else _RecomputedPinv.apply(u, pinv_iters, pinv_init)
+        w, rv = paths.product_and_rows(pinv, rv)  # U⁺ RV, (B, H, M, d)
     slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=q.device)
     if overwrite_rows:
-        slot.scatter_(2, index_q, torch.arange(m, dtype=torch.int32, device=q.device).expand_as(index_q).contiguous())
-    y, _ = _out_forward(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows)
+        slot.scatter_(2, index_q[..., :m], _slot_numbers(m, q.device).expand(batch, heads, m))
+    y, _ = _out_forward(q, k_sel, valid_k, w, rv, slot, index_q[..., :m], overwrite_rows)
     return y
 
 
@@ -237,7 +279,8 @@ class FlashCURAttention(CURAttention):
         force_cls: bool = False,
         pinv_init: str = "per_head",
     ):
-        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        building_on_meta = torch.get_default_device().type == "meta"  # shapes only: the ops' fake implementations run
+        if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" or building_on_meta):
             raise RuntimeError(
                 "attention=flashcur needs a CUDA GPU or the Triton interpreter (TRITON_INTERPRET=1, set before "
                 "starting Python; CPU, slow); neither is available. Use attention=curformer on this machine."

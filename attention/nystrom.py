@@ -26,7 +26,9 @@ weights are never stored). Landmarks
 and ``pinv`` run in float32 with autocast disabled (float64 stays float64); ``pinv_init`` picks the
 scale of ``pinv``'s start (``per_head``, eq. 16 as written, or ``global``, the public code's;
 :mod:`attention.pinv`). Cost O(nmd + m³) time, O(nm) memory. Default m = 64 (the paper's LRA
-numbers use 128/256).
+numbers use 128/256). On other devices than the CPU (CUDA; ``meta``) the same maths runs in the fused forms
+(:mod:`attention.paths`, :meth:`NystromAttention.fused_forward`): the landmarks one Triton kernel
+(:mod:`attention.landmark_means`), each product one fused attention call, the conv one depthwise convolution.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import seqconv_cpu
+from attention import paths, seqconv_cpu
+from attention.landmark_means import landmark_means
 from kernels.cpu import seqconv
 from attention.cur import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
@@ -188,6 +191,14 @@ class SequenceConv(nn.Module):
         mask = None if key_mask is None else key_mask[:, None, :, None].to(x.dtype)
         return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
 
+    def fused(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """``conv(x ⊙ key_mask)`` ``(B, H, n, d)`` in the fused forms (:mod:`attention.paths`): one depthwise
+        ``F.conv2d`` over ``(B, H, n, d)`` as channels ``H`` of an ``n × d`` image with a ``K × 1`` kernel per channel
+        (cuDNN's depthwise kernel on a GPU), after one masking product."""
+        masked = key_mask[:, None, :, None] * x  # mask first: the product is contiguous, as the convolution wants it
+        return F.conv2d(masked, self.weight[..., None].to(x.dtype), padding=(self.kernel_size // 2, 0),
+                        groups=self.weight.shape[0])
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         weight = state_dict.get(prefix + "weight")
         if weight is not None and weight.dim() == 4 and weight.shape[-1] == 1:  # nn.Conv2d's (H, 1, K, 1)
@@ -222,6 +233,8 @@ class NystromAttention(nn.Module):
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         with autocast_off(q.device.type):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+            if paths.fused(q):
+                return self.fused_forward(q, k, v, key_mask).to(out_dtype)
             m = min(self.num_landmarks, q.shape[2])
             q_land, valid = segment_means(q, key_mask, m)  # (B, H, m, d), (B, m)
             k_land, _ = segment_means(k, key_mask, m)
@@ -234,6 +247,24 @@ class NystromAttention(nn.Module):
             if self.conv is not None:
                 y = self.conv(v, key_mask, y, overwrite_base=True)  # y + conv(V with pad rows zeroed)
         return y.to(out_dtype)
+
+    def fused_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """The forward in the fused forms (:mod:`attention.paths`), float32 (float64 stays) ``(B, H, n, d)``: the
+        landmarks of ``Q`` and ``K`` by one operator (:func:`attention.landmark_means.landmark_means`), then ``k2``, ``k3 V`` and
+        ``k1 W`` each one fused attention call (``k2`` with the identity as values: the weights themselves; rows
+        of empty segments attend to their own slot only, which makes them the identity rows of the CPU form), the
+        conv by cuDNN's depthwise convolution (:meth:`SequenceConv.fused`)."""
+        batch, heads, n, d = q.shape
+        m = min(self.num_landmarks, n)
+        key_bias = paths.masking_bias(key_mask, q.dtype)[:, None, None, :]  # (B, 1, 1, n)
+        # (B, H, m, d) each; the m landmark keys' additive mask (B, H or 1, 1, m) and validity (B, H or 1, m)
+        q_land, k_land, slots, valid = landmark_means(q, k, key_mask, key_bias, m)
+        k2_mask = torch.where(valid[..., None], slots, paths.identity(m, q.dtype, q.device)[1])  # (B, H or 1, m, m)
+        k2 = paths.attention_weights(q_land, k_land, k2_mask)  # (B, H, m, m), contiguous
+        k3v = F.scaled_dot_product_attention(q_land, k, v, attn_mask=key_bias)  # (B, H, m, d)
+        w = paths.product_and_rows(iterative_pinv(k2, self.pinv_iters, self.pinv_init), k3v)[0]  # (B, H, m, d)
+        y = F.scaled_dot_product_attention(q, k_land, w, attn_mask=slots)  # k1 W, (B, H, n, d)
+        return y if self.conv is None else y + self.conv.fused(v, key_mask)
 
     def extra_repr(self) -> str:
         return f"num_landmarks={self.num_landmarks}, pinv_iters={self.pinv_iters}, pinv_init={self.pinv_init!r}"

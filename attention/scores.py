@@ -141,8 +141,12 @@ CPU_KERNEL = True  # False runs the PyTorch path of other devices on CPU too (te
 
 
 def uses_cpu_kernel(x: torch.Tensor) -> bool:
-    """Whether L1 scores of ``x`` run the compiled kernels of :mod:`kernels.cpu.l1` (CPU tensors)."""
-    return CPU_KERNEL and x.device.type == "cpu"
+    """Whether L1 scores of ``x`` run the compiled kernels of :mod:`kernels.cpu.l1` (CPU tensors, outside
+    ``torch.compile``: a ctypes call would break its graph; compiled code runs the PyTorch forms)."""
+    return CPU_KERNEL and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+L1_GRAD_BUDGET = 1 << 24  # elements of the sign tensor alive at a time in L1Distance's PyTorch backward
 
 
 def _query_chunk(a: int, b: int, d: int, batch: int, budget: int) -> int:
@@ -156,10 +160,8 @@ class L1Distance(torch.autograd.Function):
     Backward: ``∂D_ij/∂q_i = scale · sign(q_i − k_j)``, ``∂D_ij/∂k_j = −scale · sign(q_i − k_j)``
     (``sign(0) = 0``). On CPU both directions are the kernels of :mod:`kernels.cpu.l1` (no
     ``(a, b, d)`` tensor at all). Elsewhere: ``torch.cdist(p=1)`` forward and a query-chunked backward
-    with at most ``budget`` elements of a ``(..., chunk, b, d)`` sign tensor alive at a time.
+    with at most :data:`L1_GRAD_BUDGET` elements of a ``(..., chunk, b, d)`` sign tensor alive at a time.
     """
-
-    budget = 1 << 24
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -192,7 +194,8 @@ class L1Distance(torch.autograd.Function):
     def torch_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, needs_q: bool, needs_k: bool):
         """``(Σ_j g_ij sign(q_i − k_j), −Σ_i g_ij sign(q_i − k_j))``, chunks of a ``(B, H, c, b, d)`` tensor."""
         batch, heads, a, d = q.shape
-        chunk = _query_chunk(a, k.shape[-2], d, batch * heads, L1Distance.budget)
+        chunk = _query_chunk(a, k.shape[-2], d, batch * heads, L1_GRAD_BUDGET)  # a module constant: Dynamo cannot
+        # read a class attribute of an autograd Function in its backward
         grad_q = torch.empty_like(q) if needs_q else None
         grad_k = torch.zeros_like(k) if needs_k else None
         for start in range(0, a, chunk):

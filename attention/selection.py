@@ -1,7 +1,8 @@
 """Row/column selection for CUR attention (François et al. 2025, §7.1; docs/design.md §2 "Selection rules").
 
 :func:`select_indices` returns ``(index_q, index_k)``, each long ``(B, H, m')`` with
-``m' = min(m, n)``, sorted ascending, distinct within a (sequence, head): the query rows ``I`` and
+``m' = min(m, n)``, sorted ascending (in priority order in the fused forms of other devices than the CPU,
+:mod:`attention.paths`), distinct within a (sequence, head): the query rows ``I`` and
 key rows ``J`` of ``C = score(Q, K_J)``, ``R = score(Q_I, K)``, ``U = C[I]``.
 
 Every rule gives each token a priority; pad tokens get −inf, ``force_cls`` gives index 0 +inf, and
@@ -26,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from attention import paths
 from kernels.cpu import selection as selection_kernels
 
 
@@ -44,15 +46,21 @@ def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, 
     return torch.rand(x.shape[:-1], generator=generator, device=x.device, dtype=x.dtype)
 
 
+def _abs_priority(x: torch.Tensor, **_) -> torch.Tensor:
+    """``Σ_d |X[i, d]|``: one pass on CPU (:func:`kernels.cpu.selection.abs_row_sums`, else ``abs`` + ``sum``:
+    ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"), one reduction
+    (``vector_norm``) in the fused forms of other devices (:mod:`attention.paths`)."""
+    return torch.linalg.vector_norm(x, 1, -1) if paths.fused(x) else selection_kernels.abs_row_sums(x)
+
+
 RULES: dict[str, Callable[..., torch.Tensor]] = {
     "sum": lambda x, **_: x.sum(-1),
-    # one pass on CPU (kernels.cpu.selection), else abs + sum (linalg.vector_norm(x, ord=1) is slower on CPU:
-    # docs/bench.md, "Numbers kept out of the code")
-    "abs": lambda x, **_: selection_kernels.abs_row_sums(x),
+    "abs": _abs_priority,
     "embed": lambda x, embed_column, **_: x[..., embed_column],
     "step": _step_priority,
     "random": _random_priority,
 }
+COLUMN_SUMS = ("sum", "abs")  # priorities that sum over X's columns: p(Q) + p(K) = p([Q | K])
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -77,6 +85,8 @@ def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool
     the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf). On CPU
     (float32, eager) the same by a kernel (:func:`kernels.cpu.selection.top_indices`).
     """
+    if paths.fused(priority):
+        return _top_by_sorting(priority, key_mask, m, force_cls)
     top = selection_kernels.top_indices(priority, key_mask, m, force_cls)
     if top is not None:
         return top
@@ -89,6 +99,19 @@ def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool
     slot = torch.where(chosen, chosen.cumsum(-1) - 1, m)  # rank among the chosen; m = not chosen
     positions = torch.arange(priority.shape[-1], device=priority.device).expand_as(slot)
     return slot.new_zeros(*slot.shape[:-1], m + 1).scatter_(-1, slot, positions)[..., :m]
+
+
+def _top_by_sorting(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool) -> torch.Tensor:
+    """The positions :func:`_top` selects, in two operators (the fused forms, :mod:`attention.paths`): pads to −inf,
+    a stable descending sort (ties by lowest index), its first ``m`` positions, **in priority order**, not ascending
+    (CUR does not depend on the order of its slots: reordering them permutes U's rows and columns, R's rows and C's
+    columns alike, and the pseudo-inverse with them). NaN ranks above every number (sort's order; :func:`_top`
+    ranks it as +inf, which differs only where NaN and +inf tie); with ``force_cls`` index 0 becomes NaN, so it
+    ranks first (ties among NaN break by lowest index)."""
+    priority = torch.where(key_mask[:, None, :], priority, -torch.inf)
+    if force_cls:
+        priority[..., 0] = torch.nan
+    return priority.sort(dim=-1, descending=True, stable=True).indices[..., :m]
 
 
 @torch.no_grad()
@@ -115,6 +138,10 @@ def select_indices(
     priority = RULES[rule]
     options = dict(key_mask=key_mask, m=m, embed_column=embed_column, generator=generator)
     q, k = q.float(), k.float()
+    if same_indices and rule in COLUMN_SUMS and paths.fused(q):  # one reduction over [Q | K], not two and a sum
+        index = _top(priority(torch.cat([q, k], -1), **options), key_mask, m, force_cls)
+        index = index.expand(batch, heads, m)
+        return index, index
     if same_indices:
         index = _top(priority(q, **options) + priority(k, **options), key_mask, m, force_cls)
         index = index.expand(batch, heads, m)

@@ -63,15 +63,19 @@ class LRAModule(L.LightningModule):
         ``nn.Module.compile`` compiles in place: the compiled call is held beside the eager module, whose
         parameters stay where they were, so the state dict and checkpoints have the eager model's keys (no
         ``_orig_mod.`` prefix) and load into a module compiled or not. Compilation itself happens on the
-        first call in train mode and on the first in eval mode, each for that batch's shape, and once more in
-        each mode with dynamic shapes at the first batch of another length (PyTorch's default; compiling
-        dynamic from the start miscompiles Proxyformer in torch 2.13)."""
+        first call in train mode and on the first in eval mode, each for that batch's shape, and on CPU once more
+        in each mode with dynamic shapes at the first batch of another length (PyTorch's default; compiling
+        dynamic from the start miscompiles Proxyformer in torch 2.13); on a GPU once per batch shape, each step
+        then captured in CUDA graphs (:func:`compile_in_place`; ``lra.train`` pads batches to few shapes,
+        :func:`build_datamodule`)."""
         if self.compile_network and not self.compiled:
-            compile_in_place(self.model, self.device if self._trainer is None else self._trainer.strategy.root_device)
+            device = self.device if self._trainer is None else self._trainer.strategy.root_device
+            compile_in_place(self.model, device)
             self.compiled = True
             print("[lra] model.compile=true: torch.compile compiles the network at its first training and evaluation "
-                  "batches and again, with dynamic shapes, at the first batch of another length (minutes on a CPU)",
-                  flush=True)
+                  + ("batches, each batch shape once, and captures its steps in CUDA graphs" if device.type == "cuda"
+                     else "batches and again, with dynamic shapes, at the first batch of another length (minutes on a "
+                          "CPU)"), flush=True)
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return self.model(input_ids, mask)
@@ -164,12 +168,60 @@ def compile_setting(cfg) -> bool:
     return value
 
 
-def compile_in_place(model: nn.Module, device: torch.device) -> None:
-    """``torch.compile`` ``model`` in place (``nn.Module.compile``: parameter names stay the eager ones) for
-    running on ``device``. On CPU, Inductor draws random numbers with ATen's generator (``fallback_random``):
-    its own CPU generator was slower than eager there (docs/bench.md, "Compiling"), and so a compiled step's
-    dropout masks are the eager step's. CUDA keeps Inductor's fused generator."""
-    model.compile(options={"fallback_random": True} if device.type == "cpu" else None)
+def captures_cuda_graphs(cfg) -> bool:
+    """Whether the run compiles the network for a GPU (``model.compile=true`` with ``trainer.accelerator`` gpu or
+    cuda): :func:`compile_in_place` then captures each step in CUDA graphs, one per batch shape."""
+    return compile_setting(cfg) and cfg.trainer.get("accelerator") in ("gpu", "cuda")
+
+
+def build_datamodule(cfg):
+    """The task's datamodule (``cfg.task.datamodule``). For CUDA graphs (:func:`captures_cuda_graphs`) a task of
+    sequences of varying lengths whose ``task.pad_multiple`` is null pads every batch to ``task.max_length``: one
+    batch shape, one graph (batches trimmed to their longest would capture a graph per length)."""
+    from hydra.utils import instantiate
+
+    node = cfg.task.datamodule
+    if "pad_multiple" in node and node.pad_multiple is None and captures_cuda_graphs(cfg):
+        print(f"[lra] model.compile=true on a GPU captures CUDA graphs, one per batch shape: batches padded to "
+              f"task.max_length={cfg.task.max_length} (set task.pad_multiple to a fraction of it, with "
+              f"task.group_by_length=true, for a few shapes and less padding)", flush=True)
+        return instantiate(node, pad_multiple=cfg.task.max_length)
+    return instantiate(node)
+
+
+def compile_in_place(model: nn.Module, device: torch.device, backend: str | Callable = "inductor") -> None:
+    """``torch.compile`` ``model`` in place for running on ``device``: its calls run the compiled code, its parameters
+    and their names stay the eager ones (as ``nn.Module.compile``). Whole-graph (``fullgraph=True``): a graph break
+    is an error, not a silent return to eager code.
+
+    * On a GPU, ``mode="reduce-overhead"``: each step's kernels are captured once in a CUDA graph and replayed, one
+      launch for the whole network instead of one per kernel; with static shapes (``dynamic=False``: one graph per
+      batch shape; ``lra.train`` pads batches, ``task.pad_multiple``).
+    * On CPU, Inductor draws random numbers with ATen's generator (``fallback_random``): its own CPU generator was
+      slower than eager there (docs/bench.md, "Compiling"), and so a compiled step's dropout masks are the eager
+      step's.
+
+    Autocast (``trainer.precision=bf16-mixed``) is entered inside the compiled code, with the caller's setting:
+    compiled from outside it, the backward of an autograd Function run under ``autocast_off`` (the pseudo-inverse)
+    is traced with autocast on, and mixes bf16 and float32 operands. ``backend``: Inductor (training), or another
+    ``torch.compile`` backend (``lra.bench.compile_check``'s tests; the mode and options above are Inductor's)."""
+    options = {}
+    if backend == "inductor":
+        options = dict(mode="reduce-overhead", dynamic=False) if device.type == "cuda" else dict(
+            options={"fallback_random": True})
+
+    def under_autocast(enabled: bool, dtype: torch.dtype, *args, **kwargs):
+        with torch.autocast(device.type, dtype=dtype, enabled=enabled):
+            return model._call_impl(*args, **kwargs)
+
+    compiled = torch.compile(under_autocast, fullgraph=True, backend=backend, **options)
+
+    def call(*args, **kwargs):
+        enabled, dtype = torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+        with torch.autocast(device.type, enabled=False):
+            return compiled(enabled, dtype, *args, **kwargs)
+
+    model._compiled_call_impl = call  # what nn.Module.compile sets: __call__ runs it instead of the eager call
 
 
 def attention_factory(node) -> Callable[..., nn.Module]:

@@ -36,7 +36,7 @@ from lra.config_keys import PROBABILITY_NODES, check_probabilities
 from lra.csv_logger import CSVRowsInCheckpoint, RunCSVLogger
 from lra.hydra_callbacks import unfinished_jobs
 from lra.interrupts import STOP_SIGNALS, FinishValidation
-from lra.module import build_module
+from lra.module import build_datamodule, build_module
 from lra.pretrain import ENCODER_CHECKPOINT, build_pretrain_module, pretrain_callbacks, read_encoder_record
 from lra.pretrain import validate as validate_pretrain
 from lra.run_dir import ResumeRefused, check_resume, claim, drop_unused_pretrain, resume_checkpoint, settings_differences
@@ -116,7 +116,7 @@ def pretrain_stage(cfg: DictConfig, run_dir: Path, loggers: list) -> tuple[Path,
     encoder = stage_dir / ENCODER_CHECKPOINT
     if not encoder.is_file():
         L.seed_everything(cfg.seed, workers=True)
-        datamodule = instantiate(cfg.task.datamodule)
+        datamodule = build_datamodule(cfg)
         module = build_pretrain_module(cfg)
         trainer = build_trainer(cfg, stage_dir, loggers, pretrain_callbacks(cfg, stage_dir), max_steps=cfg.pretrain.steps,
                                 limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False)
@@ -142,7 +142,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.pretrain.steps:
         init_from, pretrained = pretrain_stage(cfg, run_dir, loggers)
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = instantiate(cfg.task.datamodule)
+    datamodule = build_datamodule(cfg)
     module = build_module(cfg)
     if init_from:
         load_transferred_weights(module.model, init_from)

@@ -12,6 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
+from attention import paths
 from lra import REPO_ROOT
 from lra.tasks import listops
 
@@ -31,6 +32,14 @@ def compose_config(overrides: list[str], output_dir: Path | str | None = None) -
         with open_dict(cfg):
             cfg.paths.output_dir = str(output_dir)
     return cfg
+
+
+@pytest.fixture(params=["cpu_forms", "fused_forms"])
+def landmark_forms(request, monkeypatch) -> str:
+    """Runs a test on the CPU forms of the landmark attention, then on the fused forms that other devices run
+    (:data:`attention.paths.FUSED_ON_CPU`): both against the same references."""
+    monkeypatch.setattr(paths, "FUSED_ON_CPU", request.param == "fused_forms")
+    return request.param
 
 
 def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:

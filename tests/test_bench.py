@@ -275,3 +275,45 @@ def test_bench_train_probes_the_head_on_the_model_device(task, expected):
 
     model = build_model(compose_config([f"task={task}", "attention=softmax"])).to("meta")
     assert documents_shape(model) == expected
+
+
+def test_launch_counter_counts_kernels_not_views_and_fused_attention_as_cuda_runs_it():
+    """:class:`lra.bench.launches.LaunchCounter`: views and allocations launch nothing; a product and a sum launch
+    one kernel each; ``F.scaled_dot_product_attention`` with a boolean mask as CUDA runs it: the mask turned into
+    an additive one and the memory-efficient kernel forward, its backward one kernel."""
+    from lra.bench.launches import CudaAttention, LaunchCounter
+
+    x, y = (torch.empty(4, 6, device="meta", requires_grad=True) for _ in range(2))
+    with LaunchCounter() as counter:
+        (x.t().reshape(6, 4)[:3] @ y.view(4, 6)).sum()
+    assert counter.counts["forward"] == 2 and set(counter.ops) == {"mm", "sum"}
+    q = torch.empty(2, 3, 64, 16, device="meta", requires_grad=True)
+    mask = torch.ones(2, 1, 1, 64, dtype=torch.bool, device="meta")
+    with LaunchCounter() as counter, CudaAttention():
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        counter.phase = "backward"
+        torch.autograd.grad(out, q, torch.empty_like(out))
+    assert (counter.counts["forward"], counter.counts["backward"]) == (2, 1 + 2)  # the kernel, q's 3 gradients summed
+    assert counter.ops["_scaled_dot_product_efficient_attention_backward"] == 1
+
+
+def test_bench_launches_of_the_landmark_variants(tmp_path):
+    """``python -m lra.bench launches`` at the issue's shape (n = 4096, B 8, H 2, d 32, m 64): SDPA softmax is its
+    mask conversion and one kernel each way; CURformer, FlashCUR and Nyströmformer launch at most 30 kernels for a
+    layer's forward and backward, the pseudo-inverse among them as its fused operator (one launch each way), each
+    still more than softmax."""
+    out = tmp_path / "launches"
+    main(["launches", "--variants", "curformer", "flashcur", "nystromformer", "--variant-overrides", "--out", str(out)])
+    rows = {r["variant"]: r for r in read_csv(out / "launches.csv")}
+    assert {"softmax", "curformer", "flashcur", "nystromformer"} <= set(rows)
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    assert {(r["n"], r["batch"], r["heads"], r["head_dim"]) for r in rows.values()} == {("4096", "8", "2", "32")}
+    softmax = rows["softmax"]
+    assert int(softmax["launches"]) <= 3 and softmax["pinv"] == "0"
+    for name in ("curformer", "flashcur", "nystromformer"):
+        row = rows[name]
+        assert row["landmarks"] == "64"
+        assert int(row["forward"]) + int(row["backward"]) == int(row["launches"])
+        assert int(softmax["launches"]) < int(row["launches"]) <= 30, row
+        assert "lra_pinv::forward:1" in row["ops"] and "lra_pinv::backward:1" in row["ops"], row["ops"]
+        assert int(row["pinv"]) == 2, row  # the fused kernel forward and backward, nothing around them

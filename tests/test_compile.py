@@ -13,10 +13,13 @@ import json
 
 import pytest
 import torch
+from hydra.errors import InstantiationException
 
+from lra import REPO_ROOT
 from lra.bench import compile_check, gpu_check
 from lra.bench.__main__ import main as bench
-from lra.module import build_model, build_module, compile_in_place
+from lra.module import build_datamodule, build_model, build_module, compile_in_place
+from lra.tasks.base import collate
 from lra.results import config_differences
 from lra.run_dir import settings_differences
 from tests.conftest import compose_config, run_cli
@@ -169,21 +172,90 @@ def test_train_with_compile_and_its_checkpoint_without(tiny_listops_overrides, t
         assert torch.equal(module.model.token_embedding.weight, state["model.token_embedding.weight"])
 
 
-def test_compile_breaks_lists_every_variant(tmp_path, capsys):
-    """One graph and no break for softmax and CUR; L1's CPU kernels (ctypes) break the graph, with the reason
-    at our line; FlashCUR without CUDA is skipped with the reason, not left out."""
-    bench(["compile_breaks", "--variants", "curformer", "l1", "flashcur", "--variant-overrides", "--n", "32",
-           "--device", "cpu", "--out", str(tmp_path)])
+def test_every_variant_traces_as_one_graph_without_a_break(tmp_path, capsys):
+    """``lra.bench compile_breaks``: every variant's network is one graph with no break on CPU (L1's ctypes kernels
+    step aside under torch.compile), as ``model.compile=true`` (``fullgraph=True``) requires; FlashCUR without
+    CUDA is skipped with the reason, not left out."""
+    bench(["compile_breaks", "--variant-overrides", "--n", "32", "--device", "cpu", "--out", str(tmp_path)])
     with (tmp_path / "compile_breaks.csv").open() as handle:
         rows = {row["variant"]: row for row in csv.DictReader(handle)}
-    assert list(rows) == ["softmax", "curformer", "l1", "flashcur"]
-    for name in ("softmax", "curformer"):
-        assert (rows[name]["status"], rows[name]["graphs"], rows[name]["graph_breaks"]) == ("ok", "1", "0")
-        assert int(rows[name]["ops"]) > 0 and not rows[name]["breaks"]
-    assert rows["l1"]["status"] == "ok" and int(rows["l1"]["graph_breaks"]) > 0 and "attention/l1" in rows["l1"]["breaks"]
-    if not torch.cuda.is_available():
-        assert rows["flashcur"]["status"] == "skipped" and "CUDA" in rows["flashcur"]["reason"]
-    assert "l1 breaks:" in capsys.readouterr().out
+    assert set(rows) == {path.stem for path in (REPO_ROOT / "configs" / "attention").glob("*.yaml")}
+    for name, row in rows.items():
+        if name == "flashcur" and not torch.cuda.is_available():
+            assert row["status"] == "skipped" and "CUDA" in row["reason"]
+            continue
+        assert (row["status"], row["graphs"], row["graph_breaks"], row["breaks"]) == ("ok", "1", "0", ""), row
+    assert "breaks:" not in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("landmark_forms")
+@pytest.mark.parametrize("attention", ["curformer", "l1_cur", "nystromformer", "megacur"])
+def test_landmark_variants_compile_whole_and_train_under_bf16_autocast(attention):
+    """``model.compile=true trainer.precision=bf16-mixed``: the step compiles as one graph and its backward runs,
+    in the CPU forms and in the fused forms GPUs run. Compiled from outside autocast, the backward of the
+    pseudo-inverse's autograd Function was traced with autocast on and mixed bf16 with float32 operands
+    (``Input dtypes must be the same``); ``compile_in_place`` enters autocast inside the compiled code.
+    AOT autograd without Inductor (``aot_eager``): forward and backward traced, in seconds."""
+    torch._dynamo.reset()
+    cfg = small(attention)
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    compile_in_place(model, torch.device("cpu"), backend="aot_eager")
+    ids, mask, labels = compile_check.batch_of(cfg, 3, 48, torch.device("cpu"), seed=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, aux_losses = model(ids, mask)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels) + sum(aux_losses.values())
+    loss.backward()
+    torch._dynamo.reset()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.slow  # Inductor compiles every variant (~1-2 min each on 2 cores)
+@pytest.mark.parametrize("attention", sorted(path.stem for path in (REPO_ROOT / "configs" / "attention").glob("*.yaml")
+                                             if path.stem != "flashcur"))
+def test_every_variant_trains_compiled_with_bf16_mixed(attention, tiny_listops_overrides, tmp_path):
+    """``lra.train model.compile=true trainer.precision=bf16-mixed`` trains and tests every variant (FlashCUR needs
+    CUDA): the command of the bf16 crash, through Inductor."""
+    run_dir = tmp_path / "run"
+    landmarks = ["attention.num_landmarks=8"] if attention in ("curformer", "l1_cur", "nystromformer", "megacur") else []
+    overrides = [*tiny_listops_overrides, f"attention={attention}", *landmarks, "model.num_layers=1",
+                 "task.batch_size=8", "trainer.max_steps=2", "task.eval_every=2", "+trainer.limit_val_batches=1",
+                 "+trainer.limit_test_batches=1", "model.compile=true", "trainer.precision=bf16-mixed",
+                 f"hydra.run.dir={run_dir}"]
+    proc = run_cli(["-m", "lra.train", *overrides], env={**INDUCTOR_ENV, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")},
+                   timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 2
+
+
+def test_pad_multiple_rounds_batch_lengths_up_to_few_shapes():
+    """``task.pad_multiple``: a batch's length rounded up to a multiple of it, never past the stored length; the key
+    mask still marks the real tokens only."""
+    stored = 50  # task.max_length: the width the ids are stored at
+    items = [(torch.arange(1, stored + 1, dtype=torch.int16), torch.tensor(length), torch.tensor(0)) for length in (7, 13)]
+    assert collate(items)["input_ids"].shape == (2, 13)
+    batch = collate(items, pad_multiple=16)
+    assert batch["input_ids"].shape == (2, 16) and batch["mask"].sum(-1).tolist() == [7, 13]
+    long_items = [(torch.ones(stored, dtype=torch.int16), torch.tensor(49), torch.tensor(0))]
+    assert collate(long_items, pad_multiple=16)["input_ids"].shape == (1, stored)  # 64 > 50: the stored length
+    assert collate(items, pad_multiple=stored)["input_ids"].shape == (2, stored)
+    with pytest.raises(InstantiationException, match="task.pad_multiple must be null or an integer >= 1"):
+        build_datamodule(compose_config(["task=listops_small", "task.pad_multiple=0"]))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["trainer=gpu", "model.compile=true"], 200),  # CUDA graphs: one batch shape, task.max_length
+    (["trainer=gpu", "model.compile=true", "task.pad_multiple=64", "task.group_by_length=true"], 64),
+    (["trainer=gpu"], None),  # eager on a GPU: batches trimmed to their longest sequence
+    (["model.compile=true"], None),  # compiled on CPU: dynamic shapes, no graphs
+])
+def test_compiled_gpu_runs_pad_batches_for_cuda_graphs(overrides, expected):
+    """``model.compile=true`` on a GPU captures a CUDA graph per batch shape: ``lra.train``'s datamodule pads batches
+    to ``task.max_length`` unless ``task.pad_multiple`` is set (checked without a GPU: the configs only)."""
+    datamodule = build_datamodule(compose_config(["task=listops_small", *overrides]))
+    assert datamodule.pad_multiple == expected
 
 
 def test_gpu_check_runs_the_meta_check_and_compiled_training(tmp_path):

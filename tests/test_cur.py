@@ -19,6 +19,7 @@ from tests.attention_reference import (
 )
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.usefixtures("landmark_forms")
 N = 40
 CASES = [  # (overwrite_rows, pinv_iters)
     (True, 6),  # exact by the overwrite: every real row is in I

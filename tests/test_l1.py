@@ -98,7 +98,7 @@ def test_masked_keys_get_exactly_zero_weight(path):
 @pytest.mark.parametrize("a, b", [(33, 5), (5, 33), (16, 64)])
 def test_score_on_rectangular_blocks_matches_dense(a, b, path, monkeypatch):
     """CUR's n × m and m × n blocks: the score and its gradients, with masked keys."""
-    monkeypatch.setattr(L1Distance, "budget", 50)  # the PyTorch path's backward in several query chunks
+    monkeypatch.setattr(attention.scores, "L1_GRAD_BUDGET", 50)  # the PyTorch path's backward in several query chunks
     q, _, _ = random_qkv(n=a, d=12, seed=2)
     k, _, _ = random_qkv(n=b, d=12, seed=4)
     key_mask = padded_mask(2, b, [b, b - 2])

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import seqconv_cpu
+from attention import paths, seqconv_cpu
+from attention.landmark_means import fused_segment_means
 from kernels.cpu import build
 from kernels.cpu import seqconv
 from attention.nystrom import NystromAttention, SequenceConv, segment_means
@@ -19,7 +20,7 @@ from tests.attention_reference import (
     padded_mask,
     random_qkv,
 )
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_cli
 from tests.tolerances import tolerance
 
 
@@ -33,6 +34,50 @@ def test_segment_means_are_mask_aware_with_mixed_sizes():
     assert valid.all()
     _, valid = segment_means(x, padded_mask(2, 10, [10, 2]), 3)
     assert valid[1].tolist() == [True, True, False]  # ranks 0, 1 -> segments 0, 1
+
+
+def test_fused_segment_means_equal_the_cpu_forms_values_validity_and_gradients():
+    """The fused forms' landmarks (one attention call with equal scores) against :func:`segment_means`: pads inside
+    and after the sequence, before its first real token, fewer real tokens than segments, none at all."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 2, 23, 6, dtype=torch.float64, generator=generator)
+    mask = padded_mask(4, 23, [23, 17, 4, 0])
+    mask[0, 5] = mask[1, 0] = mask[1, 1] = False
+    upstream = torch.randn(4, 2, 7, 6, dtype=torch.float64, generator=generator)
+    results = []
+    for form in (segment_means, lambda x, mask, m: fused_segment_means(
+            x, mask, paths.masking_bias(mask, x.dtype)[:, None, None, :], m)):
+        leaf = x.clone().requires_grad_()
+        means, valid = form(leaf, mask, 7)
+        (grad,) = torch.autograd.grad(means, leaf, upstream * valid[:, None, :, None])
+        results.append((means * valid[:, None, :, None], valid, grad))
+    assert results[1][1][2].tolist() == [True, True, False, True, False, True, False]  # ranks 0..3: r·7//4
+    assert not results[1][1][3].any()
+    for cpu, fused in zip(*results):
+        torch.testing.assert_close(fused, cpu, atol=1e-12, rtol=0)
+
+
+def test_landmark_kernels_under_the_interpreter():
+    """``tests/test_landmark_kernels.py`` with ``TRITON_INTERPRET=1`` (the landmark kernels against the CPU forms, and
+    the whole fused Nyström with them), in a subprocess: the interpreter is chosen when the kernels are defined."""
+    proc = run_cli(["-m", "pytest", "tests/test_landmark_kernels.py", "-q", "-k", "not compile", "-p", "no:cacheprovider"],
+                   env={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("n, size", [(1, 5), (31, 3), (100, 35)])
+def test_fused_conv_equals_the_cpu_forms(n, size):
+    """:meth:`SequenceConv.fused` (one depthwise ``conv2d``) against the CPU form, values and gradients."""
+    generator = torch.Generator().manual_seed(n)
+    conv = SequenceConv(2, size).double()
+    x = torch.randn(2, n, 2, 8, generator=generator, dtype=torch.float64).transpose(1, 2).requires_grad_()
+    mask = torch.rand(2, n, generator=generator) > 0.3
+    upstream = torch.randn(2, 2, n, 8, generator=generator, dtype=torch.float64)
+    cpu, fused = conv(x, mask), conv.fused(x, mask)
+    torch.testing.assert_close(fused, cpu, atol=1e-12, rtol=0)
+    for a, b in zip(torch.autograd.grad(cpu, (x, conv.weight), upstream), torch.autograd.grad(fused, (x, conv.weight), upstream)):
+        torch.testing.assert_close(b, a, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -62,6 +107,7 @@ def test_segment_means_of_either_memory_layout_and_the_kernel_are_the_same(dtype
 
 
 @pytest.mark.parametrize("lengths", [[40, 40], [40, 23]])
+@pytest.mark.usefixtures("landmark_forms")
 def test_equals_exact_attention_when_every_real_token_is_a_landmark(lengths):
     q, k, v = random_qkv(n=40, d=8)
     mask = padded_mask(2, 40, lengths)
@@ -70,6 +116,7 @@ def test_equals_exact_attention_when_every_real_token_is_a_landmark(lengths):
     assert error < 1e-5
 
 
+@pytest.mark.usefixtures("landmark_forms")
 def test_low_rank_inputs_are_approximated_far_better_than_full_rank():
     (q_low, k_low), (q_full, k_full) = low_and_full_rank_qk()
     v = random_qkv(n=256, d=16)[2]
@@ -81,6 +128,7 @@ def test_low_rank_inputs_are_approximated_far_better_than_full_rank():
 
 
 @pytest.mark.parametrize("n", [37, 64, 101])
+@pytest.mark.usefixtures("landmark_forms")
 def test_any_length_and_conv_adds_a_depthwise_term(n):
     q, k, v = random_qkv(batch=1, n=n, d=8)
     mask = padded_mask(1, n, [n - 3])
@@ -148,11 +196,13 @@ def test_checkpoints_of_the_former_conv2d_layout_load(tmp_path):
         attn.load_state_dict({"conv.weight": torch.zeros(2, 1, 7, 1)})
 
 
+@pytest.mark.usefixtures("landmark_forms")
 def test_padding_invariance():
     assert_padding_invariant(NystromAttention(2, 8, num_landmarks=6, conv_kernel_size=5))
     assert_padding_invariant(NystromAttention(2, 8, num_landmarks=64, conv_kernel_size=None))
 
 
+@pytest.mark.usefixtures("landmark_forms")
 def test_gradcheck():
     q, k, v = (x.requires_grad_() for x in random_qkv(batch=1, n=9, d=3))
     mask = padded_mask(1, 9, [7])
@@ -160,6 +210,7 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, mask), (q, k, v))
 
 
+@pytest.mark.usefixtures("landmark_forms")
 def test_bf16_training_step_is_finite():
     bf16_training_step(["attention=nystromformer", "attention.num_landmarks=8"])
 
@@ -199,6 +250,7 @@ def dense_nystrom(q, k, v, m, pinv_iters, pinv_init):
 
 
 @pytest.mark.parametrize("pinv_init", ["per_head", "global"])
+@pytest.mark.usefixtures("landmark_forms")
 def test_matches_dense_nystrom_with_either_pinv_init(pinv_init):
     """Through the config (``attention.pinv_init``), at the default 6 iterations, heads of different scale."""
     q, k, v = random_qkv(batch=2, heads=2, n=24, d=32)

@@ -1,12 +1,23 @@
-"""Selection rules (CUR paper §7.1): each picks what its definition says, never a pad, ties lowest index."""
+"""Selection rules (CUR paper §7.1): each picks what its definition says, never a pad, ties lowest index.
+
+Most tests run twice (``landmark_forms``): the CPU forms give the indices ascending, the fused forms of other devices
+in priority order, so the tests compare :func:`ascending` indices where the order is not what they check.
+"""
 
 import pytest
 import torch
 
+from attention import paths
 from kernels.cpu import landmarks as landmarks_cpu
 from kernels.cpu import selection as selection_cpu
 from attention.selection import _top, select_indices
 from tests.attention_reference import padded_mask
+
+pytestmark = pytest.mark.usefixtures("landmark_forms")
+
+
+def ascending(index: torch.Tensor) -> torch.Tensor:
+    return index.sort(-1).values
 
 
 def constructed(n=12, d=4, seed=0):
@@ -36,11 +47,11 @@ def test_top_m_rules_same_and_separate(rule, row_priority):
     index_q, index_k = select_indices(q, k, mask, 5, rule, same_indices=True, embed_column=2)
     for head in range(2):
         both = (row_priority(q[0, head]) + row_priority(k[0, head])).tolist()
-        assert index_q[0, head].tolist() == expected_top(both, 5) == index_k[0, head].tolist()
+        assert ascending(index_q)[0, head].tolist() == expected_top(both, 5) == ascending(index_k)[0, head].tolist()
     index_q, index_k = select_indices(q, k, mask, 5, rule, same_indices=False, embed_column=2)
     for head in range(2):
-        assert index_q[0, head].tolist() == expected_top(row_priority(q[0, head]).tolist(), 5)
-        assert index_k[0, head].tolist() == expected_top(row_priority(k[0, head]).tolist(), 5)
+        assert ascending(index_q)[0, head].tolist() == expected_top(row_priority(q[0, head]).tolist(), 5)
+        assert ascending(index_k)[0, head].tolist() == expected_top(row_priority(k[0, head]).tolist(), 5)
 
 
 def test_abs_picks_rows_of_largest_absolute_sum_not_signed_sum():
@@ -49,7 +60,7 @@ def test_abs_picks_rows_of_largest_absolute_sum_not_signed_sum():
     q[0, 0, 4] = torch.tensor([3.0, 0.0])
     index_abs, _ = select_indices(q, torch.zeros_like(q), None, 2, "abs")
     index_sum, _ = select_indices(q, torch.zeros_like(q), None, 2, "sum")
-    assert index_abs[0, 0].tolist() == [1, 4]
+    assert ascending(index_abs)[0, 0].tolist() == [1, 4]
     assert 1 not in index_sum[0, 0].tolist() and 4 in index_sum[0, 0].tolist()
 
 
@@ -74,12 +85,14 @@ def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls, kernel, m
     for m in (1, 7, 31, 50):
         index, _ = select_indices(q, torch.zeros_like(q), mask, m, "sum", force_cls=force_cls)
         ranked = torch.sort(priority, dim=-1, descending=True, stable=True).indices[..., :m]
-        assert torch.equal(index, ranked.sort(dim=-1).values), m
+        assert torch.equal(ascending(index), ranked.sort(dim=-1).values), m
 
 
-def test_top_m_kernel_equals_the_pytorch_form_with_nan_and_infinite_priorities(monkeypatch):
+def test_top_m_kernel_equals_the_pytorch_form_with_nan_and_infinite_priorities(landmark_forms, monkeypatch):
     """NaN ranks as +inf, ±inf and ties among them break by the lowest index, a masked NaN is padding: the kernel
-    and the PyTorch form pick the same indices."""
+    and the PyTorch form pick the same indices (the CPU forms; the fused forms' NaN: the next test)."""
+    if landmark_forms == "fused_forms":
+        pytest.skip("compares the CPU kernel with the CPU forms' PyTorch code")
     generator = torch.Generator().manual_seed(1)
     priority = torch.randint(-3, 4, (3, 2, 40), generator=generator).float()
     special = torch.rand(priority.shape, generator=generator)
@@ -94,6 +107,26 @@ def test_top_m_kernel_equals_the_pytorch_form_with_nan_and_infinite_priorities(m
             assert selection_cpu.top_indices(priority, mask, m, force_cls) is None  # _top runs the PyTorch form
             assert torch.equal(kernel, _top(priority.clone(), mask, m, force_cls)), (m, force_cls)
             monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", True)
+
+
+def test_fused_top_ranks_nan_first_and_otherwise_as_the_cpu_forms(monkeypatch):
+    """The fused forms' stable sort ranks NaN above +inf (the CPU forms tie them), everything else alike; with
+    ``force_cls`` index 0 still comes first, NaN priorities or not."""
+    generator = torch.Generator().manual_seed(1)
+    priority = torch.randint(-3, 4, (3, 2, 40), generator=generator).float()
+    special = torch.rand(priority.shape, generator=generator)
+    priority[special < 0.1] = float("inf")
+    priority[(special >= 0.1) & (special < 0.15)] = float("-inf")
+    mask = padded_mask(3, 40, [40, 23, 3])
+    monkeypatch.setattr(paths, "FUSED_ON_CPU", False)
+    cpu = {m: _top(priority.clone(), mask, m, False) for m in (1, 5, 23, 40)}
+    monkeypatch.setattr(paths, "FUSED_ON_CPU", True)
+    for m, expected in cpu.items():
+        assert torch.equal(ascending(_top(priority.clone(), mask, m, False)), expected), m
+    with_nan = priority.clone()
+    with_nan[:, :, 2] = float("nan")
+    top = _top(with_nan, mask, 2, force_cls=True)
+    assert (top[..., 0] == 0).all() and (top[..., 1] == 2).all()  # index 0 forced, then NaN above every +inf
 
 
 def test_step_is_uniform_stride_over_real_tokens():
@@ -133,13 +166,13 @@ def test_fewer_real_tokens_than_m_selects_all_real_then_lowest_pads(rule):
     q, k = constructed(n=16)
     mask = padded_mask(1, 16, [5])
     index_q, index_k = select_indices(q, k, mask, 8, rule, same_indices=False)
-    assert index_q[0, 0].tolist() == list(range(8)) == index_k[0, 1].tolist()
+    assert ascending(index_q)[0, 0].tolist() == list(range(8)) == ascending(index_k)[0, 1].tolist()
 
 
 def test_shorter_sequence_than_m_selects_every_position():
     q, k = constructed(n=6)
     index, _ = select_indices(q, k, None, 64, "abs")
-    assert index.shape == (1, 2, 6) and index[0, 0].tolist() == list(range(6))
+    assert index.shape == (1, 2, 6) and ascending(index)[0, 0].tolist() == list(range(6))
 
 
 @pytest.mark.parametrize("rule", ["sum", "abs", "embed", "step", "random"])

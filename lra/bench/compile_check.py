@@ -4,7 +4,7 @@
 set to 0 (:func:`without_dropout`: compiled code draws its own random numbers, so with dropout on the two
 would differ by design), runs a training step (forward, cross-entropy + auxiliary losses as
 ``lra.module.LRAModule`` sums them, backward) eagerly on batches of two lengths, compiles the same module in
-place as ``model.compile=true`` does (``nn.Module.compile``; the second length recompiles with dynamic
+place as ``model.compile=true`` does (:func:`lra.module.compile_in_place`; on CPU the second length recompiles with dynamic
 shapes) and runs the steps again. It returns the largest difference of the logits and of the loss, each
 relative to that tensor's largest entry (entries that cancel to ~0 have no relative error of their own),
 and of the gradients relative to the largest gradient entry of all parameters: some gradients are 0 up to rounding (the key projection's bias:
@@ -25,7 +25,7 @@ from torch._dynamo.utils import counters
 from omegaconf import DictConfig, open_dict
 
 from lra.bench import common
-from lra.module import build_model
+from lra.module import build_model, compile_in_place
 
 TOLERANCE = 1e-5  # fp32, relative to each tensor's largest entry (issue #23)
 
@@ -88,7 +88,7 @@ def compare(cfg: DictConfig, device: torch.device, batch: int = 3, lengths: tupl
     eager = [training_step(model, *inputs) for inputs in batches]
     torch._dynamo.reset()  # a fresh cache: past models' entries would count towards dynamo's recompile limit,
     counters.clear()  # past which it runs the code eagerly without saying so
-    model.compile(backend=backend)
+    compile_in_place(model, device, backend)
     started = time.perf_counter()
     compiled = [training_step(model, *batches[0])]
     common.synchronize(device)

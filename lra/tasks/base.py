@@ -14,6 +14,8 @@ which on full ListOps brings the padded tokens of an epoch down to 0.56 of shuff
 The lengths grouped are the split's own: a train set augmented per epoch (:class:`EpochDataset`, ListOps' ``task.augment``)
 is grouped by its examples' lengths before the rewrite, which never lengthens them (shuffle keeps them, collapse shortens
 a few); each batch is still cut to its longest rewritten example.
+``task.pad_multiple`` rounds each batch's length up to a multiple of it (at most ``task.max_length``): a few batch
+shapes (one with ``task.pad_multiple=${task.max_length}``), what CUDA graphs need (``model.compile=true`` on a GPU).
 
 Training order is resumable (docs/design.md §4 "Caching": same seed -> same result, interrupted or not): the train
 loader's order is a permutation derived from ``(seed, epoch)`` only (:class:`EpochSampler`,
@@ -26,6 +28,7 @@ datamodule's state and restored with it.
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 import json
 import logging
@@ -93,10 +96,13 @@ class EpochDataset(Dataset):
     processes need no shared epoch counter and a resumed run gets the same items."""
 
 
-def collate(items: list) -> dict[str, torch.Tensor]:
-    """Stack items, trim padding to the longest sequence of the batch, build the key mask."""
+def collate(items: list, pad_multiple: int | None = None) -> dict[str, torch.Tensor]:
+    """Stack items, trim padding to the longest sequence of the batch (rounded up to a multiple of ``pad_multiple``
+    when given, at most the stored length: a few batch shapes, or one), build the key mask."""
     ids, lengths, labels = (torch.stack(column) for column in zip(*items))
     longest = max(int(lengths.max()), 1)
+    if pad_multiple is not None:
+        longest = min(-(-longest // pad_multiple) * pad_multiple, ids.shape[-1])
     ids = ids[..., :longest].long()
     mask = torch.arange(longest) < lengths.unsqueeze(-1)
     return {"input_ids": ids, "mask": mask, "label": labels}
@@ -109,8 +115,13 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     shortcut: str | None = None  # the task's known shortcut, scored by shortcut_accuracies (None: none known)
 
     def __init__(self, data_dir: str, max_length: int, batch_size: int, cache_dir: str | None, num_workers: int = 0,
-                 group_by_length: bool = False):
+                 group_by_length: bool = False, pad_multiple: int | None = None):
         super().__init__()
+        if pad_multiple is not None and (isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int)
+                                         or pad_multiple < 1):
+            raise ValueError(f"task.pad_multiple must be null or an integer >= 1 (got {pad_multiple!r}); e.g. "
+                             f"task.pad_multiple={max_length} pads every batch to task.max_length")
+        self.pad_multiple = pad_multiple
         self.data_dir = Path(data_dir)
         self.max_length = max_length
         self.batch_size = batch_size
@@ -226,7 +237,8 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         dataset = self.train_dataset() if split == "train" else SplitDataset(self.splits[split])
         # Own generator: worker seeds come from it, not from the global stream dropout draws from.
-        options = dict(batch_size=self.batch_size, collate_fn=collate, num_workers=self.num_workers,
+        options = dict(batch_size=self.batch_size, collate_fn=functools.partial(collate, pad_multiple=self.pad_multiple),
+                       num_workers=self.num_workers,
                        persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.shuffle_seed))
         if not shuffle:
             return DataLoader(dataset, shuffle=False, **options)

@@ -1,0 +1,117 @@
+"""Nyströmformer's landmark kernels (:mod:`kernels.landmarks`): against the CPU forms, and compiled for GPUs.
+
+The kernel tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before Python
+starts. Without either they are skipped here, and ``tests/test_nystrom.py::test_landmark_kernels_under_the_interpreter``
+runs this file in a subprocess with the variable set, so the default suite always exercises them. The AOT tests
+compile the kernels for sm_80 (A100) and sm_90 (H100) without a GPU (not under the interpreter): every shape the
+kernels take within the architecture's shared memory and without register spills; the default suite the
+largest tiles on sm_80, ``-m slow`` every tile size on both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+
+from attention import paths
+from attention.landmark_means import kernels_run, landmark_means
+from attention.nystrom import NystromAttention, segment_means
+from kernels.landmarks import launch
+
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+RUNS = INTERPRETER or torch.cuda.is_available()
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETER else "cpu"
+needs_kernels = pytest.mark.skipif(not RUNS, reason="needs CUDA or TRITON_INTERPRET=1 at start-up; run by "
+                                                    "test_nystrom.py::test_landmark_kernels_under_the_interpreter")
+compiles = pytest.mark.skipif(INTERPRETER, reason="kernels defined under the interpreter cannot be compiled for a GPU")
+
+
+def masks(n: int) -> torch.Tensor:
+    """Full; padded at the end; pads inside and before the first real token; fewer real tokens than segments; none."""
+    mask = torch.ones(5, n, dtype=torch.bool)
+    mask[1, n - 9:] = False
+    mask[2, :3] = mask[2, 10:14] = False
+    mask[3, 4:] = False
+    mask[4] = False
+    return mask
+
+
+@needs_kernels
+@pytest.mark.parametrize("n, d, m", [(37, 20, 7), (100, 32, 16), (64, 8, 64)])
+def test_kernel_landmarks_equal_the_cpu_forms(n, d, m):
+    """Means, the slot mask and validity, and the gradients of Q and K, against :func:`segment_means`."""
+    generator = torch.Generator().manual_seed(n)
+    q, k = (torch.randn(5, 2, n, d, generator=generator) for _ in range(2))
+    q[3, :, 5] = torch.nan  # a pad's value never reaches the means (sequence 3 pads position 5)
+    mask = masks(n)
+    upstream = [torch.randn(5, 2, m, d, generator=generator) for _ in range(2)]
+    expected, grads = [], []
+    for x, g in zip((q, k), upstream):
+        leaf = x.clone().requires_grad_()
+        means, valid = segment_means(leaf, mask, m)
+        grads.append(torch.autograd.grad(means, leaf, g * valid[:, None, :, None])[0].nan_to_num())
+        expected.append(torch.where(valid[:, None, :, None], means, 0.0))
+    q_dev, k_dev = (x.to(DEVICE).requires_grad_() for x in (q, k))
+    key_bias = paths.masking_bias(mask, torch.float32).to(DEVICE)[:, None, None, :]
+    assert kernels_run(q_dev) and launch.takes(q_dev, m)  # landmark_means takes the kernels, not the SDPA form
+    q_land, k_land, slots, kernel_valid = landmark_means(q_dev, k_dev, mask.to(DEVICE), key_bias, m)
+    assert torch.equal(kernel_valid.cpu(), valid[:, None].expand(5, 2, m))
+    assert torch.equal(slots[:, :, 0].cpu(), paths.masking_bias(valid, torch.float32)[:, None].expand(5, 2, m))
+    for got, want in zip((q_land, k_land), expected):
+        torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
+    got_grads = torch.autograd.grad((q_land, k_land), (q_dev, k_dev), [g.to(DEVICE) for g in upstream])
+    for got, want in zip(got_grads, grads):
+        torch.testing.assert_close(got.cpu().masked_fill(~mask[:, None, :, None], 0.0), want, atol=1e-6, rtol=1e-5)
+        assert (got.cpu()[~mask[:, None, :].expand(5, 2, n)] == 0).all()  # pads get no gradient
+
+
+@needs_kernels
+def test_fused_nystrom_with_the_kernels_equals_the_cpu_forms(monkeypatch):
+    """The whole fused Nyström (landmarks by the kernels) against the CPU forms: output and every gradient."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 40, 2, 16, generator=generator).transpose(1, 2) for _ in range(3))
+    mask = masks(40)[1:3]
+    attn = NystromAttention(2, 16, num_landmarks=8, conv_kernel_size=5)
+    upstream = torch.randn(2, 2, 40, 16, generator=generator)
+    results = []
+    for fused, device in ((False, "cpu"), (True, DEVICE)):
+        monkeypatch.setattr(paths, "FUSED_ON_CPU", fused)
+        inputs = [x.to(device).requires_grad_() for x in (q, k, v)]
+        module = attn.to(device)
+        y = module(*inputs, mask.to(device))
+        grads = torch.autograd.grad(y, [*inputs, module.conv.weight], upstream.to(device))
+        results.append([t.cpu() for t in (y, *grads)])
+    for name, got, want in zip(("y", "q", "k", "v", "conv"), results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4, msg=name)
+
+
+SHAPES = [(m, d) for m, d in itertools.product((16, 32, 64, 128), (16, 32, 64, 128))
+          if launch.tiles(m, d)[0] * launch.tiles(m, d)[1] <= launch.MAX_TILE]
+FAST = [(kernel, 80, 128, 64) for kernel in launch.KERNELS] + [("_segment_means_fwd", 80, 64, 128)]
+
+
+def compile_case(kernel: str, capability: int, m: int, d: int):
+    from kernels.common import aot
+
+    fn = getattr(__import__("kernels.landmarks.segments", fromlist=[kernel]), kernel)
+    return aot.compile_jit(fn, capability, launch.launch_config(kernel, m, d), launch.pointer_types(kernel),
+                           launch.FLOAT_ARGS)
+
+
+@compiles
+@pytest.mark.parametrize("kernel, capability, m, d", FAST)
+def test_largest_tiles_compile_without_spills(kernel, capability, m, d):
+    compiled = compile_case(kernel, capability, m, d)
+    assert compiled.fits, compiled
+
+
+@compiles
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", [80, 90])
+@pytest.mark.parametrize("kernel", launch.KERNELS)
+def test_every_tile_compiles_without_spills(kernel, capability):
+    failures = [compiled for m, d in SHAPES if not (compiled := compile_case(kernel, capability, m, d)).fits]
+    assert not failures, failures
