@@ -10,8 +10,9 @@ runs forward and backward (``torch.autograd.grad`` of its output, in eval mode) 
 On ``meta`` the code takes the branches it takes on CUDA (the CPU kernels run for CPU tensors only).
 
 What counts as a launch (:class:`LaunchCounter`): every ATen operator dispatched that is neither a view nor an
-allocation (:data:`NOT_LAUNCHES`); a custom operator (``torch.library``: FlashCUR's Triton kernels) counts once
-however many kernels it launches inside. ``F.scaled_dot_product_attention`` runs as CUDA runs it with a mask or
+allocation (:data:`NOT_LAUNCHES`); a custom operator (``torch.library``: the Triton kernels of FlashCUR, of
+Nyström's landmarks and of the pseudo-inverse) counts once however many kernels it launches inside. (FlashL1 is
+an autograd Function that launches Triton directly, which ``meta`` cannot run: ``l1`` counts its PyTorch path.) ``F.scaled_dot_product_attention`` runs as CUDA runs it with a mask or
 in float32 (:class:`CudaAttention`): a boolean mask becomes an additive one (one ``where``), then the
 memory-efficient kernel, one launch forward and one backward (on ``meta`` PyTorch would otherwise decompose it
 into its math form). Some ATen operators launch two small kernels on a GPU (an out-of-place ``scatter``: a copy,
@@ -49,8 +50,6 @@ COLUMNS = ["variant", "n", "batch", "heads", "head_dim", "landmarks", "dtype", "
 # Operators that launch no kernel: views and aliases (also those whose schema does not say so) and allocations.
 NOT_LAUNCHES = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten.empty_like,
                 aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.scalar_tensor, aten._reshape_alias}
-
-
 PINV_SOURCES = ("attention/pinv.py", "kernels/pinv/")  # where the pseudo-inverse's code lives (fused and PyTorch forms)
 
 
