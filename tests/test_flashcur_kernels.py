@@ -11,20 +11,16 @@ the variable set — so the default suite always exercises them. Shapes are tiny
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+from tests.triton_env import DEVICE, needs_kernels
+
 pytestmark = [
-    pytest.mark.skipif(
-        not (INTERPRETER or torch.cuda.is_available()),
-        reason="needs CUDA or TRITON_INTERPRET=1 at start-up; run by test_flashcur.py::test_kernels_under_the_interpreter",
-    ),
+    needs_kernels("test_flashcur.py::test_kernels_under_the_interpreter"),
     pytest.mark.usefixtures("exact_float32_matmuls"),  # tests/conftest.py: CUR's reference matmuls without TF32
 ]
-DEVICE = "cpu" if INTERPRETER or not torch.cuda.is_available() else "cuda"
 
 
 def make_inputs(batch, heads, n, d, pad_last: int, seed=0, dtype=torch.float32):

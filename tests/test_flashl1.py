@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 
 import pytest
 import torch
@@ -25,12 +24,10 @@ import torch
 from kernels.common.launch import SHARED_MEMORY_LIMIT
 from kernels.flashl1 import launch as flashl1
 from tests.conftest import run_cli
+from tests import triton_env
+from tests.triton_env import DEVICE, INTERPRETER, KERNELS_RUN
 
-INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-RUNS_KERNELS = INTERPRETER or torch.cuda.is_available()
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETER else "cpu"
-needs_kernels = pytest.mark.skipif(not RUNS_KERNELS, reason="needs CUDA or TRITON_INTERPRET=1 at start-up; "
-                                   "run by test_kernels_under_the_interpreter")
+needs_kernels = triton_env.needs_kernels("test_kernels_under_the_interpreter")
 needs_compiler = pytest.mark.skipif(INTERPRETER, reason="kernels defined under the interpreter cannot be compiled for a GPU")
 
 pytestmark = pytest.mark.usefixtures("exact_float32_matmuls")  # tests/conftest.py: no TF32, as the tolerances assume
@@ -171,7 +168,7 @@ def test_kernel_half_precision_wider(case, dtype):
 NUMERIC_TESTS = len(CASES) + 5  # the default-suite tests above that run kernels (named test_kernel_*)
 
 
-@pytest.mark.skipif(RUNS_KERNELS, reason="the kernels already run in this process")
+@pytest.mark.skipif(KERNELS_RUN, reason="the kernels already run in this process")
 def test_kernels_under_the_interpreter():
     """The ``test_kernel_*`` tests in a subprocess with ``TRITON_INTERPRET=1``: all pass, none skipped."""
     proc = run_cli(["-m", "pytest", __file__, "-q", "-s", "-m", "not slow", "-k", "test_kernel_", "-p", "no:cacheprovider"],
@@ -181,7 +178,7 @@ def test_kernels_under_the_interpreter():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(RUNS_KERNELS, reason="the kernels already run in this process")
+@pytest.mark.skipif(KERNELS_RUN, reason="the kernels already run in this process")
 def test_interpreter_sweep():
     proc = run_cli(["-m", "pytest", __file__, "-q", "-s", "-m", "slow", "-k", "test_kernel_", "-p", "no:cacheprovider"],
                    env={"TRITON_INTERPRET": "1"}, timeout=3600)

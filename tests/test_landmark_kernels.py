@@ -11,7 +11,6 @@ largest tiles on sm_80, ``-m slow`` every tile size on both.
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 import torch
@@ -20,12 +19,10 @@ from attention import paths
 from attention.landmark_means import kernels_run, landmark_means
 from attention.nystrom import NystromAttention, segment_means
 from kernels.landmarks import launch
+from tests import triton_env
+from tests.triton_env import DEVICE, INTERPRETER
 
-INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-RUNS = INTERPRETER or torch.cuda.is_available()
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETER else "cpu"
-needs_kernels = pytest.mark.skipif(not RUNS, reason="needs CUDA or TRITON_INTERPRET=1 at start-up; run by "
-                                                    "test_nystrom.py::test_landmark_kernels_under_the_interpreter")
+needs_kernels = triton_env.needs_kernels("test_nystrom.py::test_landmark_kernels_under_the_interpreter")
 compiles = pytest.mark.skipif(INTERPRETER, reason="kernels defined under the interpreter cannot be compiled for a GPU")
 
 

@@ -13,24 +13,15 @@ lands within the same bound).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from attention.pinv import pytorch_pinv, start_norm
 from kernels.pinv.ops import fused_pinv, pinv_forward
+from tests.triton_env import DEVICE, needs_kernels
 
-INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = [
-    pytest.mark.skipif(
-        not (INTERPRETER or torch.cuda.is_available()),
-        reason="needs CUDA or TRITON_INTERPRET=1 at start-up; "
-        "run by test_pinv_triton.py::test_kernels_under_the_interpreter",
-    ),
-    pytest.mark.usefixtures("exact_float32_matmuls"),
-]
-DEVICE = "cpu" if INTERPRETER or not torch.cuda.is_available() else "cuda"
+pytestmark = [needs_kernels("test_pinv_triton.py::test_kernels_under_the_interpreter"),
+              pytest.mark.usefixtures("exact_float32_matmuls")]
 UNIT = 2.0**-24  # float32 unit roundoff
 # full 16 × 16, 32 × 32 and 64 × 64 tiles (products as one, two and four dots of K = 16), zero-padded ones (7, 20)
 SIZES = (16, 7, 20, 32, 64)
