@@ -24,9 +24,11 @@ Training on CPU with the softmax or the L1 score runs the same products as one a
 (:mod:`attention.cur_cpu`), whose backward writes no ``n × d`` copies.
 
 On other devices than the CPU (CUDA; ``meta``) the softmax score runs the fused forms (:mod:`attention.paths`,
-:func:`fused_cur_attention`): three fused attention calls and a handful of batched operators, no host sync.
+:func:`fused_cur_attention`): batched GEMMs over the ``n × m`` weights, split over ``n``, in the inputs' dtype (bf16
+under autocast, on tensor cores) where the data is ``n``-sized and float32 where it is ``m``-sized
+(:mod:`attention.landmark_stages`), no host sync.
 
-Decisions: everything runs in float32 with autocast disabled (float64 stays float64) and the
+Decisions: the CPU forms and the other scores run in float32 with autocast disabled (float64 stays float64); the
 output is cast back to the input dtype. Slots that :mod:`attention.selection` had to put on pad
 positions (sequences with ``n_real < m``) are invalid: their columns of ``C`` are masked, their
 block of ``U`` is the identity, so ``U⁺`` inverts the real block only and CUR equals exact
@@ -38,10 +40,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from attention import cur_cpu, paths
+from attention import cur_cpu, landmark_stages, paths
 from attention.pinv import check_pinv_init, iterative_pinv
 from attention.precision import autocast_off
 from attention.scores import SoftmaxScore
@@ -105,10 +106,10 @@ def cur_attention(
     if key_mask is None:
         key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
     with autocast_off(q.device.type):
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        if paths.fused(q) and isinstance(score, SoftmaxScore):
-            return fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters, overwrite_rows,
+        if paths.fused(q) and isinstance(score, SoftmaxScore):  # n-sized stages in the inputs' dtype
+            return fused_cur_attention(q, k, v.to(q.dtype), key_mask, index_q, index_k, pinv_iters, overwrite_rows,
                                        pinv_init).to(out_dtype)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
@@ -140,34 +141,30 @@ def cur_attention(
 
 def fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters: int, overwrite_rows: bool,
                         pinv_init: str) -> torch.Tensor:
-    """:func:`cur_attention` with the softmax score in the fused forms (:mod:`attention.paths`): three fused attention
-    calls (``F.scaled_dot_product_attention``, the memory-efficient kernel on a GPU), whose weights are recomputed
-    in their backward, never stored::
+    """:func:`cur_attention` with the softmax score in the fused forms (:mod:`attention.paths`), in the inputs' dtype
+    (bf16 under autocast) where the data is ``n``-sized and float32 where it is ``m``-sized
+    (:mod:`attention.landmark_stages`: batched GEMMs over the materialised ``n × m`` weights, split over ``n``)::
 
-        R V = SDPA(Q_I, K, V, pad mask)            m queries over the n keys            (B, H, m, d)
-        U   = SDPA(Q_I, K_J, I_m, slot mask)       C[I]: the weights themselves          (B, H, m, m)
-        Y   = SDPA(Q, K_J, U⁺ (R V), slot mask)    n queries over the m selected keys   (B, H, n, d)
+        R V = rows_attention(Q_I, K, V, pad mask)      m queries over the n keys, float32    (B, H, m, d)
+        U   = core_weights(Q_I, K_J)                   C[I], float32                           (B, H, m, m)
+        Y   = columns_attention(Q, K_J, U⁺ (R V))      n queries over the m selected keys    (B, H, n, d)
 
-    then ``Y[I] = R V``. Invalid slots (pads selected when ``n_real < m``) are masked as keys; their rows of ``U``
-    attend to their own slot only, which makes them rows of the identity, as in the CPU form. Float32 (float64
-    stays), as the caller casts. About thirty kernel launches forward and backward (``python -m lra.bench launches``).
+    then ``Y[I] = R V``. Invalid slots (pads selected when ``n_real < m``) are masked as keys and their rows of ``U``
+    are identity rows, as in the CPU form. No host synchronisation; ``python -m lra.bench plan`` lists the kernels.
     """
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the products' (B·H, n, d) operands, made once
     batch, heads, n, _ = q.shape
-    m = index_q.shape[-1]
     positions_mask = key_mask[:, None, :].expand(batch, heads, n)
     valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
     valid_k = valid_q if index_k is index_q else positions_mask.gather(2, index_k)
     q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
     k, k_rows = _with_rows(k, index_k)
-    self_only = paths.identity(m, q.dtype, q.device)[1]
-    slots = paths.masking_bias(valid_k, q.dtype)[:, :, None, :]  # the m selected keys, (B, H, 1, m)
-    rv = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=paths.masking_bias(key_mask, q.dtype)[:, None, None, :])
-    u_mask = torch.where(valid_q[..., None], slots, self_only)  # invalid rows: their own slot, (B, H, m, m)
-    u = paths.attention_weights(q_rows, k_rows, u_mask)  # C[I], (B, H, m, m), contiguous
+    rv = landmark_stages.rows_attention(q_rows, k, v, key_mask)  # (B, H, m, d) float32
+    u = landmark_stages.core_weights(q_rows, k_rows, valid_q, valid_k)  # (B, H, m, m) float32
     w, rv = paths.product_and_rows(iterative_pinv(u, pinv_iters, pinv_init), rv)  # U⁺ (R V), (B, H, m, d)
-    y = F.scaled_dot_product_attention(q, k_rows, w, attn_mask=slots)  # C W, (B, H, n, d)
-    if overwrite_rows:  # out of place: the attention kernel saved y for its backward
-        y = y.scatter(2, index_q[..., None].expand_as(rv), rv)
+    y = landmark_stages.columns_attention(q, k_rows, w, valid_k)  # C W, (B, H, n, d)
+    if overwrite_rows:  # out of place: autograd forbids writing into a custom Function's output (a view of its GEMM)
+        y = y.scatter(2, index_q[..., None].expand_as(rv), rv.to(y.dtype))
     return y
 
 

@@ -11,8 +11,9 @@ of :mod:`kernels.flashcur` (forward and backward, launched by :mod:`kernels.flas
 ``s = 1/√d``. ``C`` (n×m) and ``R`` (m×n) are never stored: the forward keeps only their row
 log-sum-exps (n + m floats per head) and the backward recomputes them tile by tile. Between the kernels a
 handful of batched operators (selection, the rows ``Q_I`` and ``K_J``, ``U``'s identity rows on invalid slots,
-``W``), no host synchronisation: about thirty kernel launches for a layer's forward and backward with a fused
-pseudo-inverse (``python -m lra.bench launches``).
+``W``, the merge of the split kernels' partials), no host synchronisation: 36 kernel launches for a layer's forward
+and backward at n 4096, B 8, H 2, m 64 with a fused pseudo-inverse (``python -m lra.bench launches``; where each
+runs: ``python -m lra.bench plan``).
 
 Parameters and defaults are CURformer's (``configs/attention/curformer.yaml``; selection by
 :func:`attention.selection.select_indices`, same rules and decisions, including ``n_real < m``).
@@ -20,12 +21,16 @@ Decisions: the kernels implement the softmax score only (CUR's ``score`` option 
 ``attention=curformer`` for other scores). m = min(num_landmarks, n) is padded up to the next of
 16/32/64/128 with inert slots (masked columns of C, identity block of U, never written to Y), so
 any m ≤ 128 runs. ``W`` and ``RV`` are float32; q/k/v may be float32, float16 or bfloat16
-(float32 accumulation); the output has q's dtype. Needs CUDA tensors, or the Triton interpreter
+(float32 accumulation; with bf16 / fp16 every kernel product runs on tensor cores in that dtype); the output and
+the n × d gradients have q's dtype. The kernels whose programs walk all n tokens split n so a GPU gets at least
+two waves of programs (per-split partials merged exactly: :mod:`kernels.flashcur.ops`). Needs CUDA tensors, or the Triton interpreter
 (``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; on CPU, for tests at tiny shapes).
 Cost as CUR: O(nmd + m²d + m³) time; O(nd + md + m²) memory (no O(nm) term).
 
 Each kernel (pair) is a ``torch.library`` custom op (``lra_flashcur::*``) with a fake implementation (shapes
-and dtypes: the ``meta`` device, ``torch.compile``'s tracing) and its autograd formula registered on it.
+and dtypes: the ``meta`` device, ``torch.compile``'s tracing), its autograd formula and its FLOP formula (for
+``torch.utils.flop_counter``, which cannot see inside the kernels: :data:`kernels.flashcur.ops.PRODUCTS`)
+registered on it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import register_flop_formula
 
 from attention import paths
 from attention.cur import CURAttention, _with_rows
@@ -66,13 +72,13 @@ def _(q_sel, k, v, key_mask):
 @torch.library.custom_op("lra_flashcur::rv_backward", mutates_args=())
 def _rv_backward(q_sel: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, rv: Tensor, lse: Tensor,
                  d_rv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Kernel (a)'s tiled backward -> ``(dQ_I, dK, dV)``, float32."""
+    """Kernel (a)'s tiled backward -> ``(dQ_I, dK, dV)``: ``dQ_I`` float32 (m×d), ``dK, dV`` in the inputs' dtype."""
     return ops.rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
 
 
 @_rv_backward.register_fake
 def _(q_sel, k, v, key_mask, rv, lse, d_rv):
-    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q_sel, k, v))
+    return q_sel.new_empty(q_sel.shape, dtype=torch.float32), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _rv_setup(ctx, inputs, output):
@@ -136,13 +142,13 @@ def _(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
 @torch.library.custom_op("lra_flashcur::out_backward", mutates_args=())
 def _out_backward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, slot: Tensor, lse: Tensor,
                   d_y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Kernel (c)'s tiled backward (the ``C W`` part) -> ``(dQ, dK_J, dW)``, float32."""
+    """Kernel (c)'s tiled backward (the ``C W`` part) -> ``(dQ, dK_J, dW)``: ``dQ`` in ``q``'s dtype, the m×d ones float32."""
     return ops.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
 
 
 @_out_backward.register_fake
 def _(q, k_sel, valid_k, w, slot, lse, d_y):
-    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k_sel, w))
+    return q.new_empty(q.shape), *(x.new_empty(x.shape, dtype=torch.float32) for x in (k_sel, w))
 
 
 def _out_setup(ctx, inputs, output):
@@ -158,13 +164,45 @@ def _out_grad(ctx, d_y, d_lse):
     dq, dk_sel, dw = _out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
     d_rv = None
     if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
-        d_rv = gather_rows(d_y.float(), index_q)
+        d_rv = gather_rows(d_y, index_q).float()  # m rows: no n-sized float32 copy of dY
         if ctx.m_padded > index_q.shape[2]:
             d_rv = F.pad(d_rv, (0, 0, 0, ctx.m_padded - index_q.shape[2]))
     return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None
 
 
 _out_forward.register_autograd(_out_grad, setup_context=_out_setup)
+
+
+# FLOP formulas for torch.utils.flop_counter.FlopCounterMode (it does not see inside Triton kernels): the
+# matmul FLOPs the kernels of each op run (kernels.flashcur.ops.PRODUCTS), from the argument shapes.
+@register_flop_formula(torch.ops.lra_flashcur.rv_forward)
+def _(q_sel, k, v, key_mask, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, m, d = q_sel
+    return ops.flops("rv_forward", batch * heads, k[2], m, d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.rv_backward)
+def _(q_sel, k, v, key_mask, rv, lse, d_rv, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, m, d = q_sel
+    return ops.flops("rv_backward", batch * heads, k[2], m, d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.u_forward)
+def _(q_sel, k_sel, valid_k, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, m, d = q_sel
+    return ops.flops("u_forward", batch * heads, 0, m, d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.out_forward)
+def _(q, k_sel, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, n, d = q
+    return ops.flops("out_forward", batch * heads, n, k_sel[2], d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.out_backward)
+def _(q, k_sel, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, n, d = q
+    return ops.flops("out_backward", batch * heads, n, k_sel[2], d)
 
 
 class _RecomputedPinv(torch.autograd.Function):
@@ -247,7 +285,7 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     k, k_sel = _with_rows(k, index_k)
     rv, _ = _rv_forward(q_sel, k, v, key_mask)  # (B, H, M, d) float32
     with autocast_off(q.device.type):
-        eye = paths.identity(size, torch.float32, q.device)[0]
+        eye = paths.identity(size, torch.float32, q.device)
         u = torch.where(valid_q[..., None], _u_forward(q_sel, k_sel, valid_k), eye)  # identity rows on invalid slots
         # U⁺, (B, H, M, M): the fused kernels keep one iterate a step for their backward, the PyTorch form recomputes
         pinv = iterative_pinv(u, pinv_iters, pinv_init) if fused_takes(u) else _RecomputedPinv.apply(u, pinv_iters, pinv_init)

@@ -13,9 +13,11 @@ distance and the sign contraction, flash-style query chunks, memory O(B·H·chun
 inputs (never the n×n matrix), attention dropout inside the function. On CUDA, the fused Triton
 kernels of :mod:`kernels.flashl1` (online softmax, nothing n×n stored) whenever attention dropout is
 off (evaluation, or ``attention.dropout=0``); they have no dropout, so training with dropout on CUDA
-warns and takes the PyTorch path of :class:`attention.scores.L1Score` (``cdist`` forward, query-chunked
-backward, the n×n weights materialised), as other devices do. No parameters of its own, so a softmax
-checkpoint loads with ``strict=True``.
+takes the PyTorch path of :class:`attention.scores.L1Score` (``cdist`` forward, query-chunked backward, the
+n×n weights materialised), as other devices do, and says so once (:func:`warn_unfused_training`: in eager
+code at the first such call; under ``torch.compile``, whose Dynamo cannot trace ``warnings.warn``, before
+compiling, from :func:`lra.module.compile_in_place` through :meth:`L1Attention.before_compile`). No parameters
+of its own, so a softmax checkpoint loads with ``strict=True``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ from torch import nn
 from attention.l1_cpu import L1AttentionFunction
 from attention.scores import L1Score, uses_cpu_kernel
 from kernels.flashl1.launch import flash_l1_attention
+
+UNFUSED_TRAINING = ("L1 attention: FlashL1 has no attention dropout, so training on CUDA with attention.dropout > 0 "
+                    "materialises the n×n weights; set attention.dropout=0 to train with the fused kernel")
+
+
+def warn_unfused_training() -> None:
+    """Warn (once per process: the default filter) that CUDA training with attention dropout takes the materialised
+    path; nothing while ``torch.compile`` traces: Dynamo cannot trace ``warnings.warn`` (``fullgraph=True`` fails on
+    it), and a compiled run was warned before compiling (:meth:`L1Attention.before_compile`)."""
+    if not torch.compiler.is_compiling():
+        warnings.warn(UNFUSED_TRAINING, stacklevel=3)
 
 
 class L1Attention(nn.Module):
@@ -55,9 +68,15 @@ class L1Attention(nn.Module):
         if q.is_cuda and not dropout_on:
             return flash_l1_attention(q, k, v, key_mask, self.score.lam)
         if q.is_cuda:
-            warnings.warn("L1 attention: FlashL1 has no attention dropout, so training with attention.dropout > 0 "
-                          "materialises the n×n weights; set attention.dropout=0 to train with the fused kernel")
+            warn_unfused_training()
         return self.materialised(q, k, v, key_mask)
+
+    def before_compile(self, device: torch.device) -> None:
+        """Called by :func:`lra.module.compile_in_place` before compiling for ``device``: the warning of
+        :func:`warn_unfused_training`, which compiled code cannot give, when training there would take the
+        materialised path (CUDA, attention dropout on)."""
+        if device.type == "cuda" and self.dropout.p > 0:
+            warnings.warn(UNFUSED_TRAINING, stacklevel=2)
 
     def materialised(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The PyTorch path: the ``(B, H, n, n)`` float32 weights (dropout on them in training) times ``V``.

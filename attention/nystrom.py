@@ -28,7 +28,8 @@ scale of ``pinv``'s start (``per_head``, eq. 16 as written, or ``global``, the p
 :mod:`attention.pinv`). Cost O(nmd + m³) time, O(nm) memory. Default m = 64 (the paper's LRA
 numbers use 128/256). On other devices than the CPU (CUDA; ``meta``) the same maths runs in the fused forms
 (:mod:`attention.paths`, :meth:`NystromAttention.fused_forward`): the landmarks one Triton kernel
-(:mod:`attention.landmark_means`), each product one fused attention call, the conv one depthwise convolution.
+(:mod:`attention.landmark_means`), ``k3 V`` and ``k1 W`` batched GEMMs split over ``n`` in the inputs' dtype
+(:mod:`attention.landmark_stages`), the conv one depthwise convolution.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import paths, seqconv_cpu
+from attention import landmark_stages, paths, seqconv_cpu
 from attention.landmark_means import landmark_means
 from kernels.cpu import seqconv
 from attention.cur import check_positive_int
@@ -232,9 +233,9 @@ class NystromAttention(nn.Module):
         out_dtype = v.dtype
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         with autocast_off(q.device.type):
+            if paths.fused(q):  # n-sized stages in the inputs' dtype
+                return self.fused_forward(q, k, v.to(q.dtype), key_mask).to(out_dtype)
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-            if paths.fused(q):
-                return self.fused_forward(q, k, v, key_mask).to(out_dtype)
             m = min(self.num_landmarks, q.shape[2])
             q_land, valid = segment_means(q, key_mask, m)  # (B, H, m, d), (B, m)
             k_land, _ = segment_means(k, key_mask, m)
@@ -249,21 +250,20 @@ class NystromAttention(nn.Module):
         return y.to(out_dtype)
 
     def fused_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """The forward in the fused forms (:mod:`attention.paths`), float32 (float64 stays) ``(B, H, n, d)``: the
-        landmarks of ``Q`` and ``K`` by one operator (:func:`attention.landmark_means.landmark_means`), then ``k2``, ``k3 V`` and
-        ``k1 W`` each one fused attention call (``k2`` with the identity as values: the weights themselves; rows
-        of empty segments attend to their own slot only, which makes them the identity rows of the CPU form), the
-        conv by cuDNN's depthwise convolution (:meth:`SequenceConv.fused`)."""
-        batch, heads, n, d = q.shape
-        m = min(self.num_landmarks, n)
-        key_bias = paths.masking_bias(key_mask, q.dtype)[:, None, None, :]  # (B, 1, 1, n)
-        # (B, H, m, d) each; the m landmark keys' additive mask (B, H or 1, 1, m) and validity (B, H or 1, m)
-        q_land, k_land, slots, valid = landmark_means(q, k, key_mask, key_bias, m)
-        k2_mask = torch.where(valid[..., None], slots, paths.identity(m, q.dtype, q.device)[1])  # (B, H or 1, m, m)
-        k2 = paths.attention_weights(q_land, k_land, k2_mask)  # (B, H, m, m), contiguous
-        k3v = F.scaled_dot_product_attention(q_land, k, v, attn_mask=key_bias)  # (B, H, m, d)
-        w = paths.product_and_rows(iterative_pinv(k2, self.pinv_iters, self.pinv_init), k3v)[0]  # (B, H, m, d)
-        y = F.scaled_dot_product_attention(q, k_land, w, attn_mask=slots)  # k1 W, (B, H, n, d)
+        """The forward in the fused forms (:mod:`attention.paths`) ``(B, H, n, d)``, in the inputs' dtype (bf16 under
+        autocast) where the data is ``n``-sized and float32 where it is ``m``-sized: the landmarks of ``Q`` and ``K``
+        by one operator (:func:`attention.landmark_means.landmark_means`), ``k3 V`` and ``k1 W`` as batched GEMMs
+        split over ``n`` (:mod:`attention.landmark_stages`), ``k2`` and its pseudo-inverse in float32 (rows of empty
+        segments: identity rows, as in the CPU form), the conv by cuDNN's depthwise convolution
+        (:meth:`SequenceConv.fused`)."""
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        m = min(self.num_landmarks, q.shape[2])
+        # (B, H, m, d) each, float32 from the kernels; the validity of the m landmarks (B, H or 1, m)
+        q_land, k_land, _, valid = landmark_means(q, k, key_mask, m)
+        k2 = landmark_stages.core_weights(q_land, k_land, valid, valid)  # (B, H, m, m) float32
+        k3v = landmark_stages.rows_attention(q_land.to(q.dtype), k, v, key_mask)  # (B, H, m, d) float32
+        w = iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ k3v  # (B, H, m, d) float32
+        y = landmark_stages.columns_attention(q, k_land, w, valid)  # k1 W, (B, H, n, d)
         return y if self.conv is None else y + self.conv.fused(v, key_mask)
 
     def extra_repr(self) -> str:

@@ -2,12 +2,12 @@
 
 * CPU tensors run the CPU forms: the compiled kernels of the ``*_cpu`` modules where they apply, else PyTorch code
   tuned for the CPU (in-place softmax, ``n × m`` products), unchanged by the fused forms.
-* Every other device (CUDA; ``meta``, where ``lra.bench launches`` counts a GPU's kernels and
-  ``tests/test_device_hygiene.py`` looks for host syncs) runs the fused forms: each landmark stage one
-  ``F.scaled_dot_product_attention`` call (its memory-efficient kernel on a GPU), selection by sorting, no host
-  synchronisation and no tensor made on the host, every other step one batched operator. On a GPU the time of an
-  attention layer of LRA's size is kernel launches, not arithmetic: the fused forms launch a few dozen kernels
-  for one layer's forward and backward where the CPU forms' PyTorch code launches a few hundred.
+* Every other device (CUDA; ``meta``, where ``lra.bench plan`` lists a GPU's kernels and
+  ``tests/test_device_hygiene.py`` looks for host syncs) runs the fused forms: the landmark stages as batched GEMMs
+  split over ``n`` in the inputs' dtype (:mod:`attention.landmark_stages`), selection by sorting chunks of ``n``,
+  no host synchronisation and no tensor made on the host, every other step one batched operator. Every kernel whose
+  work grows with ``n`` runs at least two waves of programs on a 132-SM GPU, and none is an attention kernel given
+  ``m`` queries or keys (which would run ``B·H`` programs that each walk ``n``).
 
 ``FUSED_ON_CPU = True`` runs the fused forms on CPU tensors too: the tests check them against the dense
 references there.
@@ -15,10 +15,7 @@ references there.
 
 from __future__ import annotations
 
-import functools
-
 import torch
-import torch.nn.functional as F
 
 FUSED_ON_CPU = False
 
@@ -38,35 +35,34 @@ def masking_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(mask, 0.0, MASKED).to(dtype)
 
 
-@functools.lru_cache(maxsize=None)
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _constant(key: tuple, make) -> torch.Tensor:
+    """``make()``, made once per ``key`` in eager code (a constant, not a launch per call); under ``torch.compile``
+    made in the graph (a plain dict, not ``functools.lru_cache``, which Dynamo warns about and cannot trace)."""
+    if torch.compiler.is_compiling():
+        return make()
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = make()
+    return _CONSTANTS[key]
+
+
 def positions(m: int, device: torch.device) -> torch.Tensor:
-    """``0, 1, …, m − 1`` (int64) on ``device``, made once: a constant, not a launch per call."""
-    return torch.arange(m, device=device)
+    """``0, 1, …, m − 1`` (int64) on ``device``, made once (:func:`_constant`)."""
+    return _constant(("positions", m, device), lambda: torch.arange(m, device=device))
 
 
-@functools.lru_cache(maxsize=None)
-def identity(m: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(I_m, its additive mask)``: the ``m × m`` identity, and the bias that lets row ``i`` attend to key ``i`` only
-    (0 on the diagonal, :func:`masking_bias` elsewhere). Made once per size, dtype and device: constants, not a
-    launch per call."""
-    eye = torch.eye(m, dtype=dtype, device=device)
-    return eye, masking_bias(eye.bool(), dtype)
+def chunk_starts(chunks: int, length: int, device: torch.device) -> torch.Tensor:
+    """``0, L, 2L, …`` (int64, ``(chunks, 1)``) on ``device``: the first positions of ``chunks`` chunks of ``length``
+    (``L``), made once (:func:`_constant`)."""
+    return _constant(("chunk_starts", chunks, length, device),
+                     lambda: torch.arange(0, chunks * length, length, device=device)[:, None])
 
 
-def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``softmax(q kᵀ / √d + mask)`` itself, ``(B, H, a, b)`` for ``q`` ``(B, H, a, d)``, ``k`` ``(B, H, b, d)`` and an
-    additive ``mask`` broadcasting to ``(B, H, a, b)``, by one fused attention call with the identity as values (the
-    weights times ``I``). Heads ride in the batch (``(B·H, 1, ·, ·)``, free for contiguous operands), so the result is
-    contiguous: an attention kernel writes its output as ``(B, a, H, ·)``, which the pseudo-inverse would copy."""
-    batch, heads, a, _ = q.shape
-    b = k.shape[-2]
-
-    def fold(x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(batch * heads, 1, *x.shape[-2:])
-
-    eye = identity(b, q.dtype, q.device)[0].expand(batch * heads, 1, b, b)
-    weights = F.scaled_dot_product_attention(fold(q), fold(k), eye, attn_mask=fold(mask.expand(batch, heads, a, b)))
-    return weights.view(batch, heads, a, b)
+def identity(m: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ``m × m`` identity in ``dtype`` on ``device``, made once (:func:`_constant`)."""
+    return _constant(("identity", m, dtype, device), lambda: torch.eye(m, dtype=dtype, device=device))
 
 
 class _ProductAndRows(torch.autograd.Function):

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+import math
+
 import torch
 
-from attention import paths
+from attention import landmark_stages, paths
 from kernels.cpu import selection as selection_kernels
 
 
@@ -38,29 +40,29 @@ def _step_priority(x: torch.Tensor, key_mask: torch.Tensor, m: int, **_) -> torc
     ranks = torch.arange(m, device=x.device)[None, :] * n_real // m  # (B, m)
     real_first = torch.argsort((~key_mask).to(torch.int8), dim=-1, stable=True)  # (B, n): real positions in order
     positions = real_first.gather(-1, ranks.clamp_max(n - 1))
-    priority = torch.zeros(key_mask.shape, dtype=x.dtype, device=x.device).scatter(-1, positions, 1.0)
+    priority = torch.zeros(key_mask.shape, dtype=torch.float32, device=x.device).scatter(-1, positions, 1.0)
     return priority[:, None, :]
 
 
 def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, **_) -> torch.Tensor:
-    return torch.rand(x.shape[:-1], generator=generator, device=x.device, dtype=x.dtype)
+    return torch.rand(x.shape[:-1], generator=generator, device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
 
 
 def _abs_priority(x: torch.Tensor, **_) -> torch.Tensor:
     """``Σ_d |X[i, d]|``: one pass on CPU (:func:`kernels.cpu.selection.abs_row_sums`, else ``abs`` + ``sum``:
-    ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"), one reduction
-    (``vector_norm``) in the fused forms of other devices (:mod:`attention.paths`)."""
-    return torch.linalg.vector_norm(x, 1, -1) if paths.fused(x) else selection_kernels.abs_row_sums(x)
+    ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"); in the fused
+    forms of other devices (:mod:`attention.paths`) ``abs`` in ``x``'s dtype and a float32 sum (no float32 copy of
+    ``x``)."""
+    return x.abs().sum(-1, dtype=torch.float32) if paths.fused(x) else selection_kernels.abs_row_sums(x)
 
 
 RULES: dict[str, Callable[..., torch.Tensor]] = {
-    "sum": lambda x, **_: x.sum(-1),
+    "sum": lambda x, **_: x.sum(-1, dtype=torch.float32),
     "abs": _abs_priority,
-    "embed": lambda x, embed_column, **_: x[..., embed_column],
+    "embed": lambda x, embed_column, **_: x[..., embed_column].float(),
     "step": _step_priority,
     "random": _random_priority,
 }
-COLUMN_SUMS = ("sum", "abs")  # priorities that sum over X's columns: p(Q) + p(K) = p([Q | K])
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -102,16 +104,29 @@ def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool
 
 
 def _top_by_sorting(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool) -> torch.Tensor:
-    """The positions :func:`_top` selects, in two operators (the fused forms, :mod:`attention.paths`): pads to −inf,
-    a stable descending sort (ties by lowest index), its first ``m`` positions, **in priority order**, not ascending
-    (CUR does not depend on the order of its slots: reordering them permutes U's rows and columns, R's rows and C's
-    columns alike, and the pseudo-inverse with them). NaN ranks above every number (sort's order; :func:`_top`
-    ranks it as +inf, which differs only where NaN and +inf tie); with ``force_cls`` index 0 becomes NaN, so it
-    ranks first (ties among NaN break by lowest index)."""
+    """The positions :func:`_top` selects, by sorting (the fused forms, :mod:`attention.paths`), **in priority order**,
+    not ascending (CUR does not depend on the order of its slots: reordering them permutes U's rows and columns, R's
+    rows and C's columns alike, and the pseudo-inverse with them). Pads get −inf; NaN ranks above every number
+    (sort's order; :func:`_top` ranks it as +inf, which differs only where NaN and +inf tie); with ``force_cls``
+    index 0 becomes NaN, so it ranks first (ties among NaN break by lowest index).
+
+    Spread over ``n``: a stable descending sort of each of ``c`` chunks of ``L = n / c`` positions
+    (:func:`attention.landmark_stages.chunks`: ``B·H·c`` rows, two waves of a GPU), their first ``m`` each, then a
+    stable sort of those ``c·m`` candidates (independent of ``n``). A candidate list ordered chunk by chunk, each
+    chunk by (priority descending, position ascending), sorts stably into the order one stable sort over ``n``
+    gives, so the result is the same. One sort over ``n`` when a chunk would hold fewer than ``m`` positions."""
     priority = torch.where(key_mask[:, None, :], priority, -torch.inf)
     if force_cls:
         priority[..., 0] = torch.nan
-    return priority.sort(dim=-1, descending=True, stable=True).indices[..., :m]
+    *rows, n = priority.shape
+    c = landmark_stages.chunks(n, math.prod(rows))
+    if n // c < m:
+        return priority.sort(dim=-1, descending=True, stable=True).indices[..., :m]
+    values, order = priority.view(*rows, c, n // c).sort(dim=-1, descending=True, stable=True)  # (B, H, c, L)
+    starts = paths.chunk_starts(c, n // c, priority.device)  # (c, 1): each chunk's first position
+    candidates = (order[..., :m] + starts).flatten(-2)  # (B, H, c·m) positions
+    best = values[..., :m].flatten(-2).sort(dim=-1, descending=True, stable=True).indices[..., :m]
+    return candidates.gather(-1, best)
 
 
 @torch.no_grad()
@@ -137,11 +152,8 @@ def select_indices(
     m = min(m, n)
     priority = RULES[rule]
     options = dict(key_mask=key_mask, m=m, embed_column=embed_column, generator=generator)
-    q, k = q.float(), k.float()
-    if same_indices and rule in COLUMN_SUMS and paths.fused(q):  # one reduction over [Q | K], not two and a sum
-        index = _top(priority(torch.cat([q, k], -1), **options), key_mask, m, force_cls)
-        index = index.expand(batch, heads, m)
-        return index, index
+    if not paths.fused(q):  # the CPU forms rank float32 rows (its kernels' dtype); the fused forms read q, k as they are
+        q, k = q.float(), k.float()
     if same_indices:
         index = _top(priority(q, **options) + priority(k, **options), key_mask, m, force_cls)
         index = index.expand(batch, heads, m)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import warnings
+from typing import Any
+
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -88,7 +92,48 @@ class ValidateLastStep(L.Callback):
             trainer.should_stop = True
 
 
-class LastCheckpoint(ModelCheckpoint):
+def relocated(state: dict[str, Any], old_dir: str, new_dir: str) -> dict[str, Any]:
+    """A ``ModelCheckpoint`` state whose paths under ``old_dir`` are moved to ``new_dir`` (the same name relative
+    to it); paths elsewhere are kept. Lightning stores them absolute, so a run dir that was moved or copied would
+    otherwise test (and compare scores against) the checkpoints of where it was."""
+    old_dir = os.path.normpath(old_dir)
+
+    def move(path):
+        try:
+            inside = bool(path) and os.path.commonpath([old_dir, os.path.normpath(path)]) == old_dir
+        except ValueError:  # one absolute, one relative: not under it
+            inside = False
+        return os.path.join(new_dir, os.path.relpath(os.path.normpath(path), old_dir)) if inside else path
+
+    state = dict(state, dirpath=new_dir)
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = move(state[key])
+    if "best_k_models" in state:
+        state["best_k_models"] = {move(path): score for path, score in state["best_k_models"].items()}
+    return state
+
+
+class RelocatableCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` for a run dir that may be moved between a stop and its resume: the restored
+    state's paths (best, k-th best, last) are read relative to the checkpoint dir as it is now (:func:`relocated`),
+    so the best score and its file carry over (Lightning itself drops the best score when ``dirpath`` changed, and
+    the resumed run then tests a later, worse checkpoint). Lightning's "Checkpoint directory ... exists and is not
+    empty" warning is not given: a run dir holding checkpoints is resumed or refused (:mod:`lra.run_dir`)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        old_dir = state_dict.get("dirpath")
+        if old_dir and self.dirpath and os.path.normpath(old_dir) != os.path.normpath(self.dirpath):
+            state_dict = relocated(state_dict, old_dir, self.dirpath)
+        super().load_state_dict(state_dict)
+
+
+class LastCheckpoint(RelocatableCheckpoint):
     """``last.ckpt`` after every validation, at the end of training, and on SIGTERM or Ctrl-C
     (``interrupted-<step>.ckpt`` beside it); re-running into the run dir resumes from it.
 

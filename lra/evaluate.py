@@ -10,11 +10,14 @@ task's shortcut on each tested split, ``shortcut_<split>_acc``),
 ``transferred_from``, ``skipped`` and ``initialised``, and ``predictions.json`` beside it.
 This is CUR paper Table 3 (MEGA -> MegaCUR) and §8 (softmax ViT -> CUR) without fine-tuning; for
 fine-tuning, train with ``init_from=<ckpt>``. Run dirs go under ``outputs/evaluations/`` (not
-``outputs/runs/``), so a report of training runs never mixes evaluations in.
+``outputs/runs/``), so a report of training runs never mixes evaluations in. A ``ckpt_path`` that is no file (or
+none) is refused before a run dir is made (:func:`check_checkpoint`); any other failure ends in one
+``[lra] FAILED:`` line, its traceback in ``<run dir>/error.log`` (:func:`lra.run_end.failure`).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -26,8 +29,10 @@ from omegaconf import DictConfig
 
 from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.config import CONFIG_DIR
+from lra.config_groups import check_command_line, chosen_values
 from lra.module import build_module
 from lra.results import job_overrides, write_results
+from lra.run_end import failure
 from lra.train import build_trainer, finish_wandb, test_accuracies, write_test_predictions
 
 
@@ -52,22 +57,60 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
-def main(cfg: DictConfig) -> float:
+def hydra_main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     print(f"[lra] run dir: {run_dir}", flush=True)
+    failed = None
     try:
         cfg = with_checkpoint_settings(cfg, job_overrides(), cfg.ckpt_path)
         metrics = evaluate(cfg, run_dir)
-    except Exception as error:
-        write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}", transferred_from=str(cfg.ckpt_path))
-        raise
+    except Exception as error:  # one [lra] FAILED: line, printed last; the traceback in <run dir>/error.log
+        failed = failure(run_dir, cfg, error, True, cfg.get("verbose") or HydraConfig.get().verbose,
+                         transferred_from=str(cfg.ckpt_path))
     else:  # before `finally`: the record also goes into the W&B run's summary, which finish_wandb closes
         path = write_results(run_dir, cfg, "completed", **metrics)
     finally:
         finish_wandb()
+    if failed is not None:
+        print(failed, file=sys.stderr, flush=True)
+        raise SystemExit(1)
     print(f"[lra] {cfg.attention.name} on {cfg.task.name} from {cfg.ckpt_path}: test acc {metrics['test_acc']:.4f}; "
           f"results: {path}", flush=True)
     return metrics["test_acc"]
+
+
+def check_checkpoint(argv: list[str] | None = None) -> None:
+    """Exit with one ``[lra] FAILED:`` line, before Hydra makes a run dir, when the command names no ``ckpt_path``
+    or one that is not a file (each of a sweep's). Commands that only print (``--help``, ``--cfg``, ``--info``)
+    pass."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        overrides = OverridesParser.create().parse_overrides(args.overrides or [])
+    except (SystemExit, Exception):  # Hydra reports its own usage and parse errors
+        return
+    if args.help or args.hydra_help or args.cfg or args.info is not None or args.shell_completion:
+        return
+    paths = [value for override in overrides if override.key_or_group == "ckpt_path" for value in chosen_values(override)]
+    example = "python -m lra.evaluate ckpt_path=<run dir>/checkpoints/best-<step>.ckpt task=<task>"
+    if not paths:
+        raise SystemExit(f"[lra] FAILED: no ckpt_path given: {example} (results.json's best_checkpoint names a run's "
+                         f"best). Nothing was written.")
+    missing = [path for path in paths if not Path(path).is_file()]
+    if missing:
+        raise SystemExit(f"[lra] FAILED: ckpt_path={missing[0]}: no such file. Give a checkpoint of a run of lra.train "
+                         f"(<run dir>/checkpoints/best-<step>.ckpt or last.ckpt; results.json's best_checkpoint names "
+                         f"the best): {example}. Nothing was written.")
+
+
+def main() -> None:
+    """``python -m lra.evaluate`` and ``lra-evaluate``: the command line checked first (config-group choices,
+    :mod:`lra.config_groups`; the checkpoint, :func:`check_checkpoint`), then Hydra runs :func:`hydra_main`."""
+    check_command_line()
+    check_checkpoint()
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +21,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lra.config_groups import closest
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +48,10 @@ def missing_options(overrides: list[str], group_options: Callable[[str], list[st
         values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.get_value_element_as_str()]
         for value in values:
             if value not in options:
+                near = closest(value, options)
                 problems.append(
-                    f"{group}={value}: no config 'configs/{group}/{value}.yaml' (not implemented yet?). "
+                    f"{group}={value}: no config 'configs/{group}/{value}.yaml' (not implemented yet?"
+                    f"{f' did you mean {group}={near}?' if near else ''}). "
                     f"Available: {', '.join(sorted(options))}. Add the config or drop '{value}' from the sweep "
                     f"(override it on the command line, e.g. {group}={','.join(v for v in values if v in options) or '...'})."
                 )
@@ -154,14 +159,31 @@ def unfinished_jobs(sweep_dir: Path) -> list[str]:
 
 def require_writable(directory: Path, key: str) -> None:
     """Create ``directory`` and write a scratch file in it, or exit naming the dir, the config ``key`` and the cause."""
+    existed = directory.is_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):
-            pass
+        handle, probe = tempfile.mkstemp(dir=directory, prefix=".write-check-")
+        try:
+            os.write(handle, b"x")  # a full disk still lets an empty file be made
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+            os.unlink(probe)
     except OSError as error:
-        raise SystemExit(f"[lra] cannot write the output dir {directory} ({key}): {error.strerror or error}. "
-                         f"Nothing was run. Choose a writable dir ({key}=<dir>, or paths.log_dir=<dir>) "
-                         f"or make this one writable (read-only mount? full disk? a file in the path?)") from None
+        if not existed:  # leave no empty run dir behind
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+        raise unwritable(directory, key, error) from None
+
+
+def unwritable(directory: Path, key: str, error: OSError) -> SystemExit:
+    """The one ``[lra] FAILED:`` line for an output dir that cannot be written at start-up (a read-only mount, a full
+    disk, a file in the path), naming the dir, its config key, the cause and what to do."""
+    return SystemExit(f"[lra] FAILED: cannot write the output dir {directory} ({key}): {error.strerror or error}. "
+                      f"Nothing was run. Choose a writable dir ({key}=<dir>, or paths.log_dir=<dir>) "
+                      f"or make this one writable (read-only mount? full disk? a file in the path?)")
 
 
 class WritableOutputDir(Callback):

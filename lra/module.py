@@ -142,11 +142,31 @@ class LRAModule(L.LightningModule):
 
 def optimizers_per_step(optimizer: Callable[..., torch.optim.Optimizer],
                         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None, params) -> dict:
-    """``configure_optimizers``' answer: the optimizer over ``params`` and, if any, its schedule stepped every step."""
-    built = optimizer(params=params)
+    """``configure_optimizers``' answer: the optimizer over ``params`` and, if any, its schedule stepped every step.
+    On CUDA parameters the optimizer is the fused one (:func:`fused_option`)."""
+    params = list(params)
+    built = optimizer(params=params, **fused_option(optimizer, {p.device for p in params}))
     if scheduler is None:
         return {"optimizer": built}
     return {"optimizer": built, "lr_scheduler": {"scheduler": scheduler(optimizer=built), "interval": "step"}}
+
+
+def fused_option(optimizer: Callable[..., torch.optim.Optimizer], devices: set[torch.device]) -> dict:
+    """``{"fused": True}`` where every parameter is on CUDA (``devices``) and ``optimizer`` (a class, or the
+    ``functools.partial`` of ``configs/optimizer/*.yaml``) takes ``fused`` (AdamW, Adam, SGD): one kernel launch
+    for the whole step, where the default (``foreach``) takes a few per parameter group and dtype. Else ``{}``:
+    the default, and on CPU the default is what runs. A config that sets ``fused`` or ``foreach`` itself is
+    left as it is (``+optimizer.fused=false`` restores the default on a GPU)."""
+    import inspect
+
+    keywords = getattr(optimizer, "keywords", {}) or {}
+    if "fused" in keywords or keywords.get("foreach") or not devices or any(d.type != "cuda" for d in devices):
+        return {}
+    try:
+        takes = "fused" in inspect.signature(getattr(optimizer, "func", optimizer)).parameters
+    except (TypeError, ValueError):  # no signature to read: leave it be
+        return {}
+    return {"fused": True} if takes else {}
 
 
 # Keys of an attention config node that describe it but are not constructor arguments.
@@ -204,7 +224,15 @@ def compile_in_place(model: nn.Module, device: torch.device, backend: str | Call
     Autocast (``trainer.precision=bf16-mixed``) is entered inside the compiled code, with the caller's setting:
     compiled from outside it, the backward of an autograd Function run under ``autocast_off`` (the pseudo-inverse)
     is traced with autocast on, and mixes bf16 and float32 operands. ``backend``: Inductor (training), or another
-    ``torch.compile`` backend (``lra.bench.compile_check``'s tests; the mode and options above are Inductor's)."""
+    ``torch.compile`` backend (``lra.bench.compile_check``'s tests; the mode and options above are Inductor's).
+
+    First every submodule with a ``before_compile(device)`` method is called with ``device``: what compiled code
+    cannot do, e.g. :meth:`attention.l1.L1Attention.before_compile`'s warning (Dynamo does not trace
+    ``warnings.warn``)."""
+    for module in model.modules():
+        prepare = getattr(module, "before_compile", None)
+        if callable(prepare):
+            prepare(device)
     options = {}
     if backend == "inductor":
         options = dict(mode="reduce-overhead", dynamic=False) if device.type == "cuda" else dict(

@@ -81,11 +81,18 @@ ADDED_LATER = {"model.compile": False, "task.group_by_length": False, "task.augm
 # the folder listops_small generates into without a note): a record without one is compared without it.
 ADDED_LATER_DERIVED = ("task.datamodule.group_by_length", "task.datamodule.augment", "task.augmentations",
                        "task.datamodule.augmentations", "task.datamodule.generate.default_dir")
+# Values renamed later to ones that compute the same: (key, old value) -> new value. The best-checkpoint callback
+# became lra.callbacks.RelocatableCheckpoint (Lightning's, with its paths read relative to a moved run dir).
+RENAMED_LATER = {("callbacks.checkpoint._target_", "lightning.pytorch.callbacks.ModelCheckpoint"):
+                 "lra.callbacks.RelocatableCheckpoint"}
 
 
 def flat_settings(config: dict) -> dict[str, Any]:
-    """``config`` flattened as JSON stores it, with :data:`ADDED_LATER`'s values for the keys it lacks."""
-    return {**ADDED_LATER, **flatten(json.loads(json.dumps(config, default=str)))}
+    """``config`` flattened as JSON stores it, with :data:`ADDED_LATER`'s values for the keys it lacks and
+    :data:`RENAMED_LATER`'s new values for its old ones."""
+    flat = {**ADDED_LATER, **flatten(json.loads(json.dumps(config, default=str)))}
+    return {key: RENAMED_LATER.get((key, value), value) if isinstance(value, str) else value
+            for key, value in flat.items()}
 
 
 def compared_settings(recorded: dict, current: dict) -> tuple[dict[str, Any], dict[str, Any]]:

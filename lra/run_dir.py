@@ -4,8 +4,9 @@ A run dir belongs to the run whose settings ``config_resolved.yaml`` records (wr
 the first checkpoint). A command run into a dir that holds checkpoints resumes that run only when its
 resolved config is the recorded one, apart from keys that cannot change the result (:data:`NEUTRAL`);
 otherwise it is refused before anything is written there (:func:`check_resume`). A resume starts from the
-newest checkpoint that loads; one that does not is named, moved aside as ``*.corrupt`` and the next newest
-is tried (:func:`resume_checkpoint`).
+checkpoint that loads with the highest step; one that does not is named and moved aside as ``*.corrupt``
+(:func:`resume_checkpoint`). A run dir may be moved or copied between a stop and its resume
+(:class:`lra.callbacks.RelocatableCheckpoint` reads the checkpoint state's paths relative to where it is now).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lra.results import compared_settings
-from lra.tasks.files import atomic_write_text
+from lra.tasks.files import atomic_write_text, remove_partial_writes
 
 RECORD = "config_resolved.yaml"
 # Keys that cannot change what a run computes: where it logs and caches, how it reports progress.
@@ -100,26 +101,46 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
 
 
 def claim(run_dir: Path, cfg: DictConfig) -> None:
-    """Record this run's settings in ``run_dir`` (rank 0 only), after :func:`check_resume` let it in."""
+    """Record this run's settings in ``run_dir`` (rank 0 only), after :func:`check_resume` let it in; first remove
+    the temporary files of writes a killed process cut short (``.best-10.ckpt.<random>.tmp`` of a SIGKILL during a
+    save): this process owns the dir now (:mod:`lra.run_lock`), so no other one is writing them."""
     if rank_zero_only.rank == 0:
-        atomic_write_text(Path(run_dir) / RECORD, OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))))
+        run_dir = Path(run_dir)
+        folders = (run_dir, run_dir / "checkpoints", run_dir / "pretrain", run_dir / "pretrain" / "checkpoints")
+        removed = [path for folder in folders for path in remove_partial_writes(folder)]
+        if removed:
+            print(f"[lra] removed {len(removed)} temporary file(s) of a write cut short by a kill: "
+                  f"{', '.join(path.name for path in removed[:3])}{', ...' if len(removed) > 3 else ''}", flush=True)
+        atomic_write_text(run_dir / RECORD, OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))))
+
+
+def checkpoint_step(path: Path) -> int:
+    """The ``global_step`` a checkpoint was saved at, read without loading its tensors (``mmap``; an old
+    non-zip file is loaded whole); raises when the file does not load."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+    except Exception:
+        return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
 
 
 def resume_checkpoint(run_dir: Path) -> tuple[Path | None, int | None]:
-    """The newest checkpoint of ``run_dir`` that loads and its step, or ``(None, None)`` (train from scratch).
+    """The checkpoint of ``run_dir`` that loads with the highest step (of those, the newest) and its step, or
+    ``(None, None)`` (train from scratch). By step, not by file time: a run dir copied without its times (``cp -r``)
+    resumes from the same checkpoint as the original.
 
     A checkpoint that does not load (cut short by a full disk or a kill during an old, non-atomic write) is
     named with the reason and renamed ``<name>.corrupt`` (rank 0; the other ranks only skip it)."""
-    found = checkpoints(run_dir)
-    for path in found:
+    found, loaded = checkpoints(run_dir), []
+    for newest, path in enumerate(found):
         try:
-            step = torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+            loaded.append((checkpoint_step(path), -newest, path))
         except Exception as error:
             if rank_zero_only.rank == 0:
                 path.replace(path.with_name(path.name + ".corrupt"))
             print(f"[lra] {path} does not load ({type(error).__name__}: {str(error).strip()[:200]}): moved aside to "
-                  f"{path.name}.corrupt; trying the next newest checkpoint", flush=True)
-            continue
+                  f"{path.name}.corrupt; trying the other checkpoints", flush=True)
+    if loaded:
+        step, _, path = max(loaded)
         print(f"[lra] resuming from {path} (step {step})", flush=True)
         return path, step
     if found:

@@ -1,5 +1,5 @@
 """How a run that does not complete ends: its record in ``results.json``, its traceback in ``error.log``, and the
-one line a user reads, printed last (``lra.train.main`` prints it after the loggers have closed).
+one line a user reads, printed last (``lra.train.hydra_main`` prints it after the loggers have closed).
 
 A run may write its record only where it is the run dir's run (``owner``), or where the dir holds no checkpoints
 (nothing to mix up): a run refused at the door leaves another run's record alone.
@@ -33,25 +33,26 @@ def show_traceback(verbose) -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1" or bool(verbose)
 
 
-def failure(run_dir: Path, cfg: DictConfig, error: Exception, owner: bool, verbose) -> str:
-    """Record ``error`` (``status: failed`` and ``error.log``) and return the ``[lra] FAILED:`` line."""
+def failure(run_dir: Path, cfg: DictConfig, error: Exception, owner: bool, verbose, **record) -> str:
+    """Record ``error`` (``status: failed`` and ``error.log``; ``record``: more keys for ``results.json``) and return
+    the ``[lra] FAILED:`` line."""
     details = "".join(traceback.format_exception(error))
     if show_traceback(verbose):
         print(details, end="", file=sys.stderr, flush=True)
     if not may_write(run_dir, owner):
         where = "nothing written: the run dir holds another run's checkpoints"
     else:
-        where = write_error(run_dir, cfg, error, details, verbose)
+        where = write_error(run_dir, cfg, error, details, verbose, **record)
     fix = ("; free space there, then re-run the same command to resume"
            if is_disk_full(error) and not isinstance(error, DiskFull) else "")
     return f"[lra] FAILED: {type(error).__name__}: {error}{fix} ({where})"
 
 
-def write_error(run_dir: Path, cfg: DictConfig, error: Exception, details: str, verbose) -> str:
+def write_error(run_dir: Path, cfg: DictConfig, error: Exception, details: str, verbose, **record) -> str:
     """``error.log`` (the traceback) and ``results.json`` (``status: failed``); what was written, or why not."""
     try:
         write_results(run_dir, cfg, "failed", error=f"{type(error).__name__}: {error}", steps=getattr(error, "step", None),
-                      val_curve=getattr(error, "val_curve", None), traceback=details)
+                      val_curve=getattr(error, "val_curve", None), traceback=details, **record)
         (run_dir / ERROR_LOG).write_text(details)
     except OSError as write_error:  # a full disk: say so rather than hide the run's error behind this one
         if not show_traceback(verbose):

@@ -10,7 +10,7 @@ Where it is taken (:class:`RunDirOwner`, a Hydra callback, runs before Hydra wri
 - a single run locks ``hydra.run.dir``, and refuses a dir inside a dir another process holds (a job dir of a
   running sweep);
 - a sweep locks ``hydra.sweep.dir`` and refuses when a dir under it (a job dir) is held by another process; each
-  job then locks its own dir when it starts (``lra.train.main``), so a job of another launcher (joblib, SLURM: other
+  job then locks its own dir when it starts (``lra.train.hydra_main``), so a job of another launcher (joblib, SLURM: other
   processes) owns its dir too. There Hydra has already written the job's ``.hydra/`` and opened its log; only a
   process that is not a sweep of this dir can hold a job dir by then, and the checks above refuse those.
 
@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from lra.hydra_callbacks import require_writable
+from lra.hydra_callbacks import require_writable, unwritable
 
 LOCK_FILE = "owner.lock"
 held: dict[Path, int] = {}  # dir -> file descriptor holding its lock, in this process
@@ -143,6 +143,9 @@ class RunDirOwner(Callback):
             return
         refuse_if_held(directory, key, [parent / LOCK_FILE for parent in directory.parents])
         require_writable(directory, key)
-        hold(directory, key)
+        try:
+            hold(directory, key)
+        except OSError as error:  # a disk that filled up since the check
+            raise unwritable(directory, key, error) from None
         if below:
             refuse_if_held(directory, key, directory.glob(f"*/**/{LOCK_FILE}"))

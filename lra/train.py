@@ -17,6 +17,7 @@ the sweep exits non-zero at the end. A failure prints ``[lra] FAILED: <error>`` 
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -32,8 +33,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lra.allocator import retain_freed_memory
 from lra.checkpoints import AtomicCheckpointIO, load_transferred_weights
 from lra.config import CONFIG_DIR
+from lra.config_groups import check_command_line
 from lra.config_keys import PROBABILITY_NODES, check_probabilities
 from lra.csv_logger import CSVRowsInCheckpoint, RunCSVLogger
+from lra.gpu_setup import setup_gpu_run
 from lra.hydra_callbacks import unfinished_jobs
 from lra.interrupts import STOP_SIGNALS, FinishValidation
 from lra.module import build_datamodule, build_module
@@ -137,6 +140,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate_pretrain(cfg)
     note_exact_landmarks(cfg)
     retain_freed_memory()
+    setup_gpu_run(cfg)  # TF32 float32 products on a GPU (lra/gpu_setup.py)
     loggers = build_loggers(cfg)
     init_from, pretrained = cfg.get("init_from"), {}
     if cfg.pretrain.steps:
@@ -215,19 +219,31 @@ def already_completed(run_dir: Path, cfg: DictConfig, multirun: bool) -> dict | 
     differences = [f"{key}: {old} -> {new}" for key, old, new in settings_differences(recorded, current)]  # as a resume
     if differences:
         message = (f"{run_dir} already holds a completed run with other settings ({'; '.join(differences)}): not "
-                   f"re-run, its results.json is kept. Train these settings in a new dir (drop hydra.run.dir / "
-                   f"hydra.sweep.dir), or delete {run_dir / 'results.json'} to train into this one")
+                   f"re-run, its results.json is kept. To train these settings from that run's weights (the optimiser "
+                   f"and schedule start afresh), run them in a new run dir: {continue_command(run_dir, cfg, record)}; "
+                   f"from scratch: the same without init_from")
         if not multirun:
             raise SystemExit(f"[lra] NOT RE-RUN: {message}")
         print(f"[lra] NOT RE-RUN: {message}", flush=True)
     else:
         print(f"[lra] already completed: test acc {record.get('test_acc')} at step {record.get('steps')}; results kept "
-              f"in {run_dir / 'results.json'} (delete it to train again)", flush=True)
+              f"in {run_dir / 'results.json'} (to train again, run the command without "
+              f"{'hydra.sweep.dir' if multirun else 'hydra.run.dir'}: a new run dir)", flush=True)
     return record
 
 
+def continue_command(run_dir: Path, cfg: DictConfig, record: dict) -> str:
+    """The command that trains this job's settings in a new run dir (no ``hydra.run.dir``) from the weights of the
+    completed run in ``run_dir`` (``init_from``: its ``last.ckpt``, else its best checkpoint)."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = last if last.is_file() else record.get("best_checkpoint")
+    overrides = [o for o in job_overrides() if not o.lstrip("+").startswith(("init_from=", "pretrain.steps="))]
+    pretrained = ["pretrain.steps=0"] if cfg.pretrain.steps else []  # init_from and pretraining exclude each other
+    return shlex.join(["python", "-m", "lra.train", *overrides, *pretrained, f"init_from={checkpoint}"])
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def hydra_main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -283,6 +299,13 @@ def main(cfg: DictConfig) -> float | None:
     print(f"[lra] test acc {metrics['test_acc']:.4f}{independent} (best val {metrics['val_acc_best']:.4f}); "
           f"results: {path}", flush=True)
     return metrics["test_acc"]
+
+
+def main() -> None:
+    """``python -m lra.train`` and ``lra-train``: the command line's config-group choices checked first (an unknown
+    one is refused before anything is written: :mod:`lra.config_groups`), then Hydra runs :func:`hydra_main`."""
+    check_command_line()
+    hydra_main()
 
 
 if __name__ == "__main__":

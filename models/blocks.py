@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.dropout import Dropout
@@ -21,6 +22,14 @@ class MultiHeadAttention(nn.Module):
     The projection names and shapes are the same for every variant, so a checkpoint trained with
     one variant loads into another (direct weight transfer). ``attention(num_heads=, head_dim=)`` builds
     the variant (a factory: ``lra.module.attention_factory`` of the attention config).
+
+    ``q, k, v`` come from one GEMM (:meth:`project`): ``x`` ``(B, n, d_model)`` times the three weights
+    concatenated, ``(3·d_model, d_model)`` (a copy of 3·d_model² values per call beside B·n·3·d_model²
+    multiply-adds), one launch reading ``x`` once where three did; ``q, k, v`` are views of the one
+    ``(B, n, 3·d_model)`` product. The three ``nn.Linear`` stay, under their names: checkpoints keep the keys
+    ``q_proj.weight …``, and LoRA (``lra.finetune``, peft) finds and wraps them by name. A wrapped projection
+    (peft's ``lora.Linear``: base layer plus adapters) or one with hooks is called as a module, one by one: one
+    GEMM over the base weights would skip its adapters and hooks.
     """
 
     def __init__(self, d_model: int, num_heads: int, attention: Callable[..., nn.Module]):
@@ -39,8 +48,20 @@ class MultiHeadAttention(nn.Module):
         """(B, n, d_model) -> (B, H, n, head_dim)."""
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
 
+    def project(self, x: torch.Tensor, *projections: nn.Module) -> list[torch.Tensor]:
+        """``split_heads(p(x))`` ``(B, H, n, head_dim)`` for each of ``projections`` (e.g. ``q_proj, k_proj, v_proj``)
+        of ``x`` ``(B, n, d_model)``: one GEMM over their concatenated weights when every one is a plain
+        ``nn.Linear`` without hooks, else each module called (a LoRA-wrapped projection runs its adapters)."""
+        plain = all(type(p) is nn.Linear and not (p._forward_hooks or p._forward_pre_hooks) for p in projections)
+        biases = [p.bias for p in projections] if plain else []
+        if plain and (all(b is not None for b in biases) or all(b is None for b in biases)):
+            bias = torch.cat(biases) if biases[0] is not None else None
+            out = F.linear(x, torch.cat([p.weight for p in projections]), bias)  # (B, n, Σ out_features)
+            return [self.split_heads(y) for y in out.split([p.out_features for p in projections], -1)]
+        return [self.split_heads(p(x)) for p in projections]
+
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        q, k, v = (self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = self.project(x, self.q_proj, self.k_proj, self.v_proj)
         y = self.attend(q, k, v, key_mask)  # (B, H, n, head_dim)
         return self.out_proj(y.transpose(1, 2).flatten(2))
 
@@ -53,7 +74,7 @@ class MultiHeadAttention(nn.Module):
     def attention_matrix(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The effective attention ``(B, H, n, n)`` that ``forward(x, key_mask)`` applies to the values of ``x``
         ``(B, n, d_model)``: ``attend`` with ``V = I`` (so CUR's ``C U⁺ R``, not a softmax it approximates). For diagnostics."""
-        q, k = (self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj))
+        q, k = self.project(x, self.q_proj, self.k_proj)
         return self.attend(q, k, self.identity_values(q), key_mask)
 
 

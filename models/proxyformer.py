@@ -41,7 +41,7 @@ class ProxyMultiHeadAttention(MultiHeadAttention):
         m = self.attend.num_proxies
         proxies, tokens = x.split([m, x.shape[1] - m], dim=1)  # one split: its backward is one cat
         landmarks = self.split_heads(self.landmark_proj(proxies))  # (B, H, m, head_dim)
-        q, k, v = (self.split_heads(proj(tokens)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = self.project(tokens, self.q_proj, self.k_proj, self.v_proj)  # one GEMM
         loss = self.attend.contrastive_loss(landmarks)
         if loss is not None:
             aux_losses["contrastive"] = loss
@@ -54,7 +54,7 @@ class ProxyMultiHeadAttention(MultiHeadAttention):
         m = self.attend.num_proxies
         proxies, tokens = x.split([m, x.shape[1] - m], dim=1)
         landmarks = self.split_heads(self.landmark_proj(proxies))
-        q, k = (self.split_heads(proj(tokens)) for proj in (self.q_proj, self.k_proj))
+        q, k = self.project(tokens, self.q_proj, self.k_proj)
         return self.attend(q, k, self.identity_values(q), key_mask[:, m:], landmarks)[:, :, m:]
 
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU figures of the efficient-attention speed table, in two parts that each fit a short GPU loan:
-# `scripts/gpu_perf.sh speed [OUT_DIR]` (the default, about 6 minutes on an H100/H200): steps 1-3 eager;
-# `scripts/gpu_perf.sh compiled [OUT_DIR]` (about 6 more): step 3 compiled, steps 4-5.
-#   1. kernel launches per attention layer forward + backward (meta device, as the CUDA path runs), and the fused
+# `scripts/gpu_perf.sh speed [OUT_DIR]` (the default, about 6 minutes on an H100/H200): steps 1-3 eager and the
+# kernel profile (2b); `scripts/gpu_perf.sh compiled [OUT_DIR]` (about 6 more): step 3 compiled, steps 4-5.
+#   1. kernel launches per attention layer forward + backward (meta device, as the CUDA path runs), the launch plan
+#      (lra.bench plan: grid, serial loop and dtypes of each kernel, to read beside the profile of 2b), and the fused
 #      pseudo-inverse against its PyTorch form (lra.bench pinv)
 #   2. attention forward + backward, bf16, B 8, H 2, d 32, n 1024..16384 (CUR, FlashCUR, Nyström vs SDPA and the
 #      materialised Transformer), then the CUR paper's Fig. 4 shapes: B 64, H 16, d 64, m 64, n 1024..4096
+#      (steps 1-2 time medians of 7 calls after 2 warm-up calls: 10 after 3 before step 2b, whose time came from there)
+#  2b. the kernels of one forward and one backward at n 4096 (B 8, H 2, d 32) of SDPA softmax, CUR, FlashCUR and
+#      Nyström: CUDA ms, launches and grid (programs) per kernel (lra.bench profile --device cuda)
 #   3. training samples/s and peak memory, bf16, Text n 4096 and ListOps n 2000, batch 32, in the CUR paper's
 #      Table 2 format (vs the materialised "Transformer" and vs SDPA "FlashAttention"), eager, then compiled
 #   4. model.compile=true trainer=gpu: a few compiled training steps of every variant through lra.train
@@ -26,10 +30,12 @@ SUMMARY="$OUT/summary.md"
 if [[ "${GPU_PERF_SMOKE:-0}" == 1 ]]; then  # tiny shapes on the CPU: checks the commands, measures nothing
   DEVICE=(--device cpu --threads 1) ; DTYPE=fp32 ; N_ATTN=(64 128) ; N_FIG4=(64) ; FIG4=(--batch 2 --heads 2 --head-dim 16)
   TEXT=(--n 128 --batch 2) ; LISTOPS=(--n 128 --batch 2) ; STEPS=(--steps 1 --warmup 0) ; REPEATS=(--warmup 0 --repeats 1)
+  PROFILE=(--n 64 --batch 2 --heads 2 --head-dim 16 --warmup 0 --repeats 1)
   TRAIN_STEPS=2 ; TASK=listops_small ; T=${GPU_PERF_STEP_TIMEOUT:-600} ; ONLY_CHECK=()
 else
   DEVICE=(--device cuda) ; DTYPE=bf16 ; N_ATTN=(1024 4096 16384) ; N_FIG4=(1024 2048 4096) ; FIG4=(--batch 64 --heads 16 --head-dim 64)
-  TEXT=(--n 4096 --batch 32) ; LISTOPS=(--n 2000 --batch 32) ; STEPS=(--steps 10 --warmup 3) ; REPEATS=(--warmup 3 --repeats 10)
+  TEXT=(--n 4096 --batch 32) ; LISTOPS=(--n 2000 --batch 32) ; STEPS=(--steps 10 --warmup 3) ; REPEATS=(--warmup 2 --repeats 7)
+  PROFILE=(--n 4096 --batch 8 --heads 2 --head-dim 32 --warmup 2 --repeats 3)
   TRAIN_STEPS=20 ; TASK=listops_small ; T=${GPU_PERF_STEP_TIMEOUT:-150} ; ONLY_CHECK=(--only kernels meta)
 fi
 VARIANTS=(curformer flashcur nystromformer)
@@ -53,11 +59,14 @@ step() {  # step NAME SECONDS COMMAND...: run under timeout, log to $OUT/NAME.lo
 
 if [[ $PART == speed ]]; then
   step launches "$T" "$PYTHON" -m lra.bench launches --out "$OUT/launches"
+  step plan "$T" "$PYTHON" -m lra.bench plan --out "$OUT/plan"
   step pinv "$T" "$PYTHON" -m lra.bench pinv "${DEVICE[@]}" --m 32 64 --problems 16 256 1024 "${REPEATS[@]}" --out "$OUT/pinv"
   step attention "$T" "$PYTHON" -m lra.bench attention "${DEVICE[@]}" --dtype "$DTYPE" --n "${N_ATTN[@]}" --batch 8 --heads 2 \
     --head-dim 32 "${REPEATS[@]}" --variants "${VARIANTS[@]}" --variant-overrides --out "$OUT/attention"
   step attention_fig4 "$T" "$PYTHON" -m lra.bench attention "${DEVICE[@]}" --dtype "$DTYPE" --n "${N_FIG4[@]}" "${FIG4[@]}" \
     "${REPEATS[@]}" --variants curformer flashcur --variant-overrides --out "$OUT/attention_fig4"
+  step profile "$T" "$PYTHON" -m lra.bench profile "${DEVICE[@]}" --dtype "$DTYPE" --variant "${VARIANTS[@]}" --softmax \
+    "${PROFILE[@]}" --top 12
   step train_text "$T" "$PYTHON" -m lra.bench train "${DEVICE[@]}" --dtype "$DTYPE" --task text "${TEXT[@]}" "${STEPS[@]}" \
     --variants "${VARIANTS[@]}" --variant-overrides --out "$OUT/train_text"
   step train_listops "$T" "$PYTHON" -m lra.bench train "${DEVICE[@]}" --dtype "$DTYPE" --task listops "${LISTOPS[@]}" "${STEPS[@]}" \

@@ -14,7 +14,8 @@ the wrappers launch with — and asserts per kernel, architecture, dtype and sup
 
 The default suite compiles the largest shape (m = d = 128, long n) in fp32 (IEEE dots, on the FMA
 units) for sm_80 — the case that spilled in every kernel before the register rule — for every kernel
-(:data:`FAST`), with bf16 ``_rv_bwd_kv`` (~10 s with an empty Triton cache on an idle core).
+(:data:`FAST`), with bf16 ``_rv_bwd_kv`` and the split bf16 ``_rv_fwd`` at m = 64, d = 128 on sm_90 (~15 s with an
+empty Triton cache on an idle core).
 ``-m slow`` compiles every distinct launch of every kernel × {sm_80, sm_90} × {fp32 (IEEE and TF32
 dots), bf16, fp16} × m ∈ {16, 32, 64, 128} × d ∈ {16, 32, 64, 128} × n ∈ {16, 32, 4096}
 (``BLOCK_D`` is ``next_pow2(d)``, so these d stand for all of 16..128; ``BLOCK_N`` only shrinks below
@@ -42,8 +43,10 @@ DTYPES = {"fp32": (torch.float32, False), "fp32-tf32": (torch.float32, True), "b
           "fp16": (torch.float16, False)}
 HEAD_DIMS = (16, 32, 64, 128)
 TOKENS = (16, 32, 4096)
-# Every kernel at the largest shape in fp32 on sm_80, and bf16 _rv_bwd_kv (47,248 B of spills before).
-FAST = [(kernel, 80, "fp32", 4096, 128, 128) for kernel in launch.KERNELS] + [("_rv_bwd_kv", 80, "bf16", 4096, 128, 128)]
+# Every kernel at the largest shape in fp32 on sm_80, bf16 _rv_bwd_kv (47,248 B of spills before), and the split
+# bf16 _rv_fwd with a 64 × 128 accumulator on sm_90 (96 B of spills with 4 warps: SHARED_RULE_WIDE).
+FAST = [(kernel, 80, "fp32", 4096, 128, 128) for kernel in launch.KERNELS] + [("_rv_bwd_kv", 80, "bf16", 4096, 128, 128),
+                                                                              ("_rv_fwd", 90, "bf16", 4096, 64, 128)]
 
 
 def config_of(case) -> launch.LaunchConfig:

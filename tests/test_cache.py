@@ -155,3 +155,14 @@ def test_a_process_waiting_on_a_failed_build_takes_it_over(tmp_path):
         thread.join(timeout=60)
     assert outcome == {"failed": "a bad line", "built": b"built"}
     assert sorted(path.name for path in target.parent.iterdir()) == ["train.pt", "train.pt.lock"]
+
+
+def test_the_temporary_file_of_a_killed_cache_write_is_removed_by_the_next_build(tiny_listops, tmp_path):
+    module = listops.ListOpsDataModule(data_dir=str(tiny_listops), max_length=60, batch_size=4, cache_dir=str(tmp_path))
+    target = module.cache_path("train")
+    target.parent.mkdir(parents=True)
+    left = target.parent / f".{target.name}.q8w2e4.tmp"  # a build SIGKILLed during its atomic write
+    left.write_bytes(b"\0" * 100)
+    module.setup()
+    assert target.is_file() and not left.exists()
+    assert not list(target.parent.glob(".*.tmp"))

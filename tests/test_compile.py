@@ -317,3 +317,35 @@ def test_autocast_off_compiles_without_the_availability_query(monkeypatch):
     torch._dynamo.reset()
     assert asked == [] and torch.equal(out, torch.full((3,), 2.0))
     assert autocast_off("cpu") is not None and asked == ["cpu"]  # eager still asks (meta has no autocast)
+
+
+def test_l1_dropout_warning_stays_out_of_compiled_code():
+    """Dynamo cannot trace ``warnings.warn`` ("Attempted to call function marked as skipped", torch 2.11 on CUDA at
+    L1's CUDA-with-dropout warning): the warning is given in eager code only, and a compiled run gets it from
+    ``compile_in_place`` before compiling (``L1Attention.before_compile``) for CUDA with dropout on, not for CPU or
+    without dropout. The L1 module in training with dropout compiles as one graph (``fullgraph=True``)."""
+    import warnings
+
+    from attention import l1
+
+    def warns_then_doubles(x):
+        l1.warn_unfused_training()
+        return 2 * x
+
+    with pytest.warns(UserWarning, match="FlashL1 has no attention dropout"):
+        warns_then_doubles(torch.ones(2))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="L1 attention")  # compiled code gives no such warning
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(warns_then_doubles, fullgraph=True, backend="eager")(torch.ones(2)),
+                           torch.full((2,), 2.0))
+        module = l1.L1Attention(num_heads=2, head_dim=4, dropout=0.1).train()
+        q, k, v = torch.randn(3, 1, 2, 6, 4).unbind(0)
+        out = torch.compile(module, fullgraph=True, backend="eager")(q, k, v, torch.ones(1, 6, dtype=torch.bool))
+        assert out.shape == v.shape
+        torch._dynamo.reset()
+        model = build_model(small("l1"))
+        compile_in_place(model, torch.device("cpu"), backend="eager")  # CPU: the fused kernel's absence is moot
+        compile_in_place(build_model(small("l1", "attention.dropout=0.0")), torch.device("cuda"), backend="eager")
+    with pytest.warns(UserWarning, match="set attention.dropout=0 to train with the fused kernel"):
+        compile_in_place(build_model(small("l1")), torch.device("cuda"), backend="eager")  # lazy: nothing runs here

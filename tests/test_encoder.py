@@ -45,3 +45,58 @@ def test_multi_document_inputs_are_encoded_per_document():
     features = model.encode(ids.flatten(0, 1), mask.flatten(0, 1), {}).unflatten(0, (3, 2))
     first = model.encode(ids[:, 0], mask[:, 0], {})
     torch.testing.assert_close(features[:, 0], first)
+
+
+def three_projections(attn, x):
+    """``q, k, v`` as the three ``nn.Linear`` give them one by one (the form before the fused projection)."""
+    return [attn.split_heads(proj(x)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)]
+
+
+def test_one_qkv_gemm_gives_the_three_projections_and_keeps_their_keys():
+    """``MultiHeadAttention.project``: one GEMM over the concatenated weights gives the three projections' q, k, v
+    (float32 GEMMs of another width may sum in another order: a tolerance of a few ulps), and so the same layer
+    output and attention matrix; the state dict keeps ``q_proj.weight`` … (committed checkpoints load strictly)."""
+    cfg = compose_config(["task=listops_small", "attention=softmax", "attention.dropout=0.0"])
+    model = build_model(cfg).eval()
+    attn = model.blocks[0].attn
+    assert {"blocks.0.attn.q_proj.weight", "blocks.0.attn.k_proj.bias", "blocks.0.attn.v_proj.weight",
+            "blocks.0.attn.out_proj.weight"} <= set(model.state_dict())
+    assert not any("qkv" in key for key in model.state_dict())
+    x = torch.randn(3, 17, attn.q_proj.in_features)
+    key_mask = torch.arange(17) < torch.tensor([17, 9, 4])[:, None]
+    fused = attn.project(x, attn.q_proj, attn.k_proj, attn.v_proj)
+    for got, expected in zip(fused, three_projections(attn, x)):
+        assert got.shape == expected.shape == (3, attn.num_heads, 17, attn.head_dim)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    q, k, v = three_projections(attn, x)
+    reference = attn.out_proj(attn.attend(q, k, v, key_mask).transpose(1, 2).flatten(2))
+    torch.testing.assert_close(attn(x, key_mask), reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attn.attention_matrix(x, key_mask),
+                               attn.attend(q, k, attn.identity_values(q), key_mask), rtol=1e-5, atol=1e-6)
+
+
+def test_one_qkv_gemm_backpropagates_into_each_projection():
+    cfg = compose_config(["task=listops_small", "attention=softmax", "attention.dropout=0.0"])
+    attn = build_model(cfg).blocks[0].attn
+    x = torch.randn(2, 5, attn.q_proj.in_features)
+    grads = []
+    for project in (lambda: attn.project(x, attn.q_proj, attn.k_proj, attn.v_proj), lambda: three_projections(attn, x)):
+        attn.zero_grad(set_to_none=True)
+        q, k, v = project()
+        (q.square().sum() + 2 * k.sum() + v.pow(3).sum()).backward()
+        grads.append([p.grad.clone() for proj in (attn.q_proj, attn.k_proj, attn.v_proj) for p in proj.parameters()])
+    for got, expected in zip(*grads):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_projection_with_a_hook_or_a_wrapper_is_called_as_a_module():
+    """A hook on ``q_proj`` still sees its call (the projections are then called one by one), as a wrapped
+    projection (LoRA's, tests/test_lora.py) runs its adapters."""
+    cfg = compose_config(["task=listops_small", "attention=softmax", "attention.dropout=0.0"])
+    attn = build_model(cfg).blocks[0].attn
+    seen = []
+    handle = attn.k_proj.register_forward_hook(lambda module, args, out: seen.append(out))
+    x = torch.randn(2, 5, attn.q_proj.in_features)
+    _, k, _ = attn.project(x, attn.q_proj, attn.k_proj, attn.v_proj)
+    handle.remove()
+    assert len(seen) == 1 and torch.equal(attn.split_heads(seen[0]), k)

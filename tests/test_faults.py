@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from lra.checkpoints import AtomicCheckpointIO, DiskFull, read_checkpoint
 from lra.run_dir import settings_differences
@@ -153,10 +154,10 @@ def test_only_keys_that_cannot_change_the_result_may_differ():
 
 def test_a_damaged_data_file_is_named_and_blank_lines_are_counted(tmp_path, caplog):
     path = tmp_path / "basic_train.tsv"
-    path.write_bytes(f"{HEADER}\n( MAX 1 2 ]\t2\n\n( MIN 3 \xff ]\t3\n".encode("latin-1"))
+    path.write_bytes(f"{HEADER}\n( [MAX 1 2 ]\t2\n\n( [MIN 3 \xff ]\t3\n".encode("latin-1"))
     with pytest.raises(ValueError, match=f"{path}:4: not UTF-8 text"):
         read_tsv(path)
-    path.write_text(f"{HEADER}\n( MAX 1 2 ]\t2\n\n( MIN 3 4 ]\t3\n")
+    path.write_text(f"{HEADER}\n( [MAX 1 2 ]\t2\n\n( [MIN 3 4 ]\t3\n")
     assert read_tsv(path)[1] == [2, 3]
     assert f"{path}: skipped 1 blank line(s) (line 3)" in caplog.text
 
@@ -195,3 +196,48 @@ def test_an_unwritable_sweep_dir_is_named_before_any_job_runs(tiny_listops_overr
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"cannot write the output dir {blocker / 'sweep'} (hydra.sweep.dir): Not a directory" in result.stderr
     assert blocker.read_text() == "not a folder" and not (tmp_path / "cache").exists()
+
+
+def test_a_full_disk_at_start_up_is_one_failed_line(tiny_listops_overrides, tmp_path):
+    """A run dir on a disk that is full before the start (a 64 kB tmpfs, filled, in a private mount namespace)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if not read_only_mount_works(tmp_path / "full"):
+        pytest.skip("needs `unshare -m` and mount rights (a private tmpfs)")
+    command = shlex.join([sys.executable, "-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={mount / 'run'}"])
+    result = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mount} && "
+                             f"(dd if=/dev/zero of={mount}/fill bs=4k || true) && {command}; code=$?; ls -A {mount}; "
+                             "exit $code"], capture_output=True, text=True, cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"[lra] FAILED: cannot write the output dir {mount / 'run'} (hydra.run.dir): No space left on device. Nothing "
+        "was run. Choose a writable dir (hydra.run.dir=<dir>, or paths.log_dir=<dir>) or make this one writable "
+        "(read-only mount? full disk? a file in the path?)")
+    assert "Traceback" not in result.stdout + result.stderr and "OSError" not in result.stderr
+    assert result.stdout.split() == ["fill"]  # no run dir, no lock file left on that disk
+
+
+def test_a_run_recorded_with_lightnings_checkpoint_class_still_resumes():
+    """Runs recorded before the best checkpoint became lra.callbacks.RelocatableCheckpoint resume as before."""
+    cfg = compose_config(["task=listops_small"], "/tmp/run")
+    current = OmegaConf.to_container(cfg, resolve=False)
+    old = OmegaConf.to_container(cfg, resolve=False)
+    old["callbacks"]["checkpoint"]["_target_"] = "lightning.pytorch.callbacks.ModelCheckpoint"
+    assert current["callbacks"]["checkpoint"]["_target_"] == "lra.callbacks.RelocatableCheckpoint"
+    assert settings_differences(old, current) == []
+    old["callbacks"]["checkpoint"]["mode"] = "min"
+    assert settings_differences(old, current) == [("callbacks.checkpoint.mode", "min", "max")]
+
+
+def test_relocated_moves_only_the_paths_under_the_old_checkpoint_dir():
+    from lra.callbacks import relocated
+
+    state = {"dirpath": "/a/run/checkpoints", "best_model_path": "/a/run/checkpoints/best-4.ckpt", "kth_best_model_path": "",
+             "last_model_path": "/a/run/checkpoints/last.ckpt", "best_k_models": {"/a/run/checkpoints/best-4.ckpt": 0.5},
+             "best_model_score": 0.5}
+    moved = relocated(state, "/a/run/checkpoints/", "/b/copy/checkpoints")
+    assert moved == {"dirpath": "/b/copy/checkpoints", "best_model_path": "/b/copy/checkpoints/best-4.ckpt",
+                     "kth_best_model_path": "", "last_model_path": "/b/copy/checkpoints/last.ckpt",
+                     "best_k_models": {"/b/copy/checkpoints/best-4.ckpt": 0.5}, "best_model_score": 0.5}
+    assert relocated({"best_model_path": "/a/runner/best-1.ckpt"}, "/a/run", "/b")["best_model_path"] == "/a/runner/best-1.ckpt"

@@ -1,8 +1,11 @@
-"""FlashCUR: config, clear errors, tile sizes, and — through subprocesses with ``TRITON_INTERPRET=1`` —
-the kernels against CUR (``tests/test_flashcur_kernels.py``) and a few training steps against curformer.
+"""FlashCUR: config, clear errors, tile sizes, the launch plan and FLOP count of a GPU step (on ``meta`` tensors),
+and — through subprocesses with ``TRITON_INTERPRET=1`` — the kernels against CUR (``tests/test_flashcur_kernels.py``)
+and a few training steps against curformer.
 
 Why subprocesses: Triton picks the interpreter when a kernel is *defined*, from the environment at
-that moment, so it cannot be switched on for one test inside a pytest process other tests share.
+that moment, so it cannot be switched on for one test inside a pytest process other tests share. They hide
+CUDA (``CUDA_VISIBLE_DEVICES=""``), so on a machine with a GPU they run the interpreter on CPU tensors
+exactly as on one without (``tests/triton_env.py`` picks CUDA when it is visible).
 """
 
 from __future__ import annotations
@@ -13,13 +16,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import attention.flashcur  # noqa: F401  (defines the kernels now, from this process's environment)
+from kernels.common.launch import recording
+from kernels.flashcur import launch as kernel_launch
+from kernels.flashcur import ops
 from kernels.flashcur.launch import block_sizes
+from kernels.landmarks import launch as landmark_launch
 from lra.module import build_attention
 from tests.conftest import compose_config, run_cli
 
-INTERPRETER_ENV = {"TRITON_INTERPRET": "1"}
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}  # the subprocesses run on CPU tensors, with or without a GPU here
+INTERPRETER_ENV = {"TRITON_INTERPRET": "1", **CPU_ONLY}
 
 
 def test_kernels_under_the_interpreter():
@@ -65,7 +74,7 @@ def test_training_matches_curformer_under_the_interpreter(tiny_listops_overrides
         "attention.num_landmarks=16",
     ]
     losses = {}
-    for name, env in (("curformer", None), ("flashcur", INTERPRETER_ENV)):
+    for name, env in (("curformer", CPU_ONLY), ("flashcur", INTERPRETER_ENV)):
         run_dir = tmp_path / name
         proc = run_cli(["-m", "lra.train", *shared, f"attention={name}", f"hydra.run.dir={run_dir}"], env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -125,3 +134,111 @@ def test_tiles_are_powers_of_two_and_dot_safe(n, m, d):
     for size in (*sizes.values(), m):
         assert size >= 16 and size & (size - 1) == 0
     assert m % sizes["BLOCK_M"] == 0 and sizes["BLOCK_D"] >= d
+
+
+# ---- the launch plan of a GPU step and its FLOPs, on meta tensors (no kernel runs) ----------------------------
+
+GPU_PROGRAMS = 264  # two waves of an H100 / H200's 132 SMs
+
+
+def planned_launches(batch, heads, n, d, m, dtype) -> list:
+    """The FlashCUR kernels' launches of one layer's forward and backward, and the landmark means', as
+    :func:`kernels.common.launch.recording` sees them on sm_90 (the ops' real Python on ``meta`` tensors)."""
+    meta = dict(device="meta")
+    q, k, v = (torch.empty(batch, heads, n, d, dtype=dtype, **meta) for _ in range(3))
+    q_sel, k_sel = (torch.empty(batch, heads, m, d, dtype=dtype, **meta) for _ in range(2))
+    key_mask = torch.empty(batch, n, dtype=torch.bool, **meta)
+    valid = torch.empty(batch, heads, m, dtype=torch.bool, **meta)
+    w = torch.empty(batch, heads, m, d, **meta)
+    slot = torch.empty(batch, heads, n, dtype=torch.int32, **meta)
+    with recording(90) as launches:
+        rv, lse = ops.rv_forward(q_sel, k, v, key_mask)
+        ops.u_forward(q_sel, k_sel, valid)
+        y, lse_c = ops.out_forward(q, k_sel, valid, w, rv, slot)
+        ops.rv_backward(q_sel, k, v, key_mask, rv, lse, rv)
+        ops.out_backward(q, k_sel, valid, w, slot, lse_c, y)
+        landmark_launch.segment_means_forward(q.float(), k.float(), key_mask, m, -1e4)
+    assert rv.shape == (batch, heads, m, d) and lse.shape == (batch, heads, m) and y.dtype == dtype
+    return launches
+
+
+@pytest.mark.parametrize("batch", [8, 32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_launch_plan_fills_an_h100_and_keeps_bf16_data_bf16(batch, dtype):
+    """At H 2, n 4096, d 32, m 64: every kernel whose grid or loop grows with n (found by planning n / 2 too) has
+    at least two waves of programs on 132 SMs, and in a bf16 step no n × d tensor a kernel reads or writes is
+    float32 (per-token statistics, n floats per head, may be)."""
+    heads, n, d, m = 2, 4096, 32, 64
+    plan, half = (planned_launches(batch, heads, size, d, m, dtype) for size in (n, n // 2))
+    assert [p.kernel for p in plan] == [p.kernel for p in half]
+    for launch, smaller in zip(plan, half):
+        print(f"{launch.kernel}: grid {launch.grid} ({launch.programs} programs), loop {launch.loop}")
+        if (launch.grid, launch.loop) != (smaller.grid, smaller.loop):
+            assert launch.programs >= GPU_PROGRAMS, launch
+        if dtype == torch.bfloat16 and launch.kernel in kernel_launch.KERNELS:
+            n_by_d = [t for shape, t in launch.tensors if shape == (batch, heads, n, d)]
+            assert all(t == torch.bfloat16 for t in n_by_d) and bool(n_by_d) == (launch.kernel != "_u_fwd"), launch
+    split = {p.kernel: p.grid[2] for p in plan if p.kernel in kernel_launch.SPLIT_KERNELS}
+    assert set(split) == set(kernel_launch.SPLIT_KERNELS) and all(s > 1 for s in split.values()), split
+    assert {p.kernel for p in plan} >= {"_rv_fwd", "_out_fwd", "_rv_bwd_kv", "_rv_bwd_q", "_out_bwd_q", "_out_bwd_kw",
+                                        "_segment_means_fwd"}
+
+
+@pytest.mark.parametrize(("programs", "n", "block_n"), [(16, 4096, 64), (64, 4096, 32), (4, 100, 32), (2, 16, 16),
+                                                         (512, 4096, 64), (16, 300, 64)])
+def test_splits_reach_two_waves_with_whole_tiles(programs, n, block_n):
+    """The fewest splits that give ≥ 264 programs, none empty, each a whole number of tiles (the last may be
+    short: n not a multiple of the split); one split once the other axes give enough programs."""
+    parts, split_n = kernel_launch.splits(programs, n, block_n)
+    tiles = -(-n // block_n)
+    assert split_n % block_n == 0 and (parts - 1) * split_n < n <= parts * split_n
+    assert programs * parts >= GPU_PROGRAMS or parts == tiles
+    assert (parts == 1) == (programs >= GPU_PROGRAMS or tiles == 1)
+
+
+def test_launch_configs_are_memoised():
+    """A launch takes its configuration from a cache keyed by the shape (no re-derivation per call)."""
+    args = ("_rv_fwd", 4096, 64, 32, torch.bfloat16, 90)
+    assert kernel_launch.launch_config(*args) is kernel_launch.launch_config(*args)
+    assert landmark_launch.launch_config("_segment_means_fwd", 64, 32, 3) is landmark_launch.launch_config(
+        "_segment_means_fwd", 64, 32, 3)
+
+
+def count_flops(cls, device, batch, heads, n, d, m) -> tuple[int, dict]:
+    """FLOPs ``FlopCounterMode`` counts for one forward and backward of attention ``cls`` on ``device``."""
+    with torch.device(device):
+        attn = cls(heads, d, num_landmarks=m)
+        q, k, v = (torch.randn(batch, heads, n, d, requires_grad=True) for _ in range(3))
+        key_mask = torch.ones(batch, n, dtype=torch.bool)
+    with FlopCounterMode(display=False) as counter:
+        y = attn(q, k, v, key_mask)
+        y.backward(torch.ones_like(y))
+    return counter.get_total_flops(), {str(op): f for op, f in counter.get_flop_counts()["Global"].items()}
+
+
+def test_flop_counter_sees_the_kernels():
+    """``FlopCounterMode`` counts the kernels' matmul FLOPs (registered formulas of the lra_flashcur / lra_pinv ops)
+    for a FlashCUR layer traced on ``meta`` (the CUDA path: fused pseudo-inverse), equal to the formula from the shapes:
+
+        2·n·m·d per product × (2 + 2 forward + 7 + 9 backward kernel products; the backward recomputes the scores
+        and dP: 8 more than autograd's 8) per sequence and head
+        + 2·m²·d × 6 (U's scores, W = U⁺RV and its 2 gradients, dQ_I and dK_J of U)
+        + 2·m³ × (4 + 11) × pinv_iters (the pseudo-inverse's forward and backward products per step).
+
+    Against CURformer's fused PyTorch path on ``meta`` (batched GEMMs over materialised n × m weights: 4 + 8 products
+    of 2·n·m·d) FlashCUR does more FLOPs for the same result, by its recomputation: a ratio in [1, 1.5] at this
+    shape (1.34). On CPU the counter misses CUR's SDPA and C++ kernels (no formulas), so CPU counts understate CUR.
+    """
+    from attention.cur import CURAttention
+    from attention.flashcur import FlashCURAttention
+
+    batch, heads, n, d, m, iters = 2, 2, 1024, 32, 64, 6
+    flash, by_op = count_flops(FlashCURAttention, "meta", batch, heads, n, d, m)
+    bh = batch * heads
+    expected = 2 * bh * n * m * d * (2 + 2 + 7 + 9) + 2 * bh * m * m * d * 6 + 2 * bh * m**3 * (4 + 11) * iters
+    print(f"FlashCUR {flash / 1e9:.3f} GFLOP by op {by_op}")
+    assert flash == expected
+    assert by_op["lra_flashcur.rv_forward"] == ops.flops("rv_forward", bh, n, m, d) == 4 * bh * n * m * d
+    cur, cur_by_op = count_flops(CURAttention, "meta", batch, heads, n, d, m)
+    print(f"CUR (fused PyTorch path) {cur / 1e9:.3f} GFLOP by op {cur_by_op}; FlashCUR / CUR = {flash / cur:.2f}")
+    assert 1 <= flash / cur <= 1.5

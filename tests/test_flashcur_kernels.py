@@ -138,6 +138,14 @@ def test_forward_and_gradients_match_cur(case):
     check_case(case)
 
 
+def test_one_split_matches_cur(monkeypatch):
+    """The layer with every split kernel on one split (``TARGET_PROGRAMS = 1``: the partial is the result, no merge)."""
+    from kernels.flashcur import launch as kernel_launch
+
+    monkeypatch.setattr(kernel_launch, "TARGET_PROGRAMS", 1)
+    check_case(CASES[0])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW_CASES, ids=lambda c: f"n{c[2]}-d{c[3]}-m{c[4]}-{c[6]}")
 def test_forward_and_gradients_match_cur_wider(case):
@@ -163,11 +171,8 @@ def test_half_precision_inputs_stay_close_to_float32(dtype):
 
 
 def test_backward_saves_no_n_by_m_tensor():
-    """Bytes saved for backward beyond q, k, v (saved-tensor hook), per (sequence, head).
-
-    CUR keeps C (n×m) and R (m×n); FlashCUR keeps O(n) log-sum-exps and row slots plus m×d, m×m tensors.
-    """
-    from attention.cur import cur_attention
+    """Bytes FlashCUR saves for backward beyond q, k, v (saved-tensor hook), per (sequence, head): O(n) log-sum-exps
+    and row slots plus m×d, m×m tensors, under half of one float32 n×m matrix (what CUR's forms save is theirs)."""
     from attention.flashcur import flashcur_attention
     from attention.selection import select_indices
 
@@ -175,21 +180,100 @@ def test_backward_saves_no_n_by_m_tensor():
     q, k, v, key_mask = make_inputs(batch, heads, n, d, pad_last=0)
     index_q, index_k = select_indices(q, k, key_mask, m, "abs", True, 0, False)
     inputs = {x.untyped_storage().data_ptr() for x in (q, k, v)}
+    seen: dict[int, tuple[int, tuple]] = {}
 
-    def saved_bytes(fn) -> int:
-        seen: dict[int, int] = {}
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), tuple(t.shape))
+        return t
 
-        def pack(t):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        flashcur_attention(q, k, v, key_mask, index_q, index_k, 6, True)
+    saved = {ptr: entry for ptr, entry in seen.items() if ptr not in inputs}
+    flash = sum(size for size, _ in saved.values()) // (batch * heads)
+    print(f"FlashCUR saves {flash} B per head beyond q, k, v (n={n}, d={d}, m={m}): {sorted(saved.values())}")
+    assert not any(n in shape and m in shape for _, shape in saved.values())  # no n × m tensor
+    assert flash < n * m * 4 / 2
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(q, k, v, key_mask, index_q, index_k)
-        return sum(size for ptr, size in seen.items() if ptr not in inputs) // (batch * heads)
 
-    cur = saved_bytes(lambda *a: cur_attention(*a, None, 6, True))
-    flash = saved_bytes(lambda *a: flashcur_attention(*a, 6, True))
-    print(f"saved beyond q, k, v per head (n={n}, d={d}, m={m}): CUR {cur} B, FlashCUR {flash} B")
-    n_by_m = n * m * 4  # one float32 n×m matrix
-    assert cur >= 2 * n_by_m
-    assert flash < n_by_m / 2
+# ---- split n (kernels.flashcur.launch.splits) and bf16 inputs ------------------------------------------------------
+
+
+def reference_rows(q_sel, k, v, key_mask):
+    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` and its base-2 lse in float64, differentiable."""
+    scale = q_sel.shape[-1] ** -0.5
+    logits = (q_sel @ k.transpose(-1, -2) * scale).masked_fill(~key_mask[:, None, None, :], -math.inf)
+    return torch.softmax(logits, -1) @ v, torch.logsumexp(logits, -1) / math.log(2)
+
+
+@pytest.mark.parametrize("target", [1, 3, 264], ids=lambda t: f"target{t}")
+def test_split_kernels_match_their_equations(monkeypatch, target):
+    """The split kernels (_rv_fwd, _rv_bwd_q, _out_bwd_kw) and their merges against float64 autograd at n = 100
+    (32-token tiles: splits of 32 or 64 tokens, the last one short), pads inside a split and a split without a
+    real key (merged with weight 0): ``target`` programs 1 (one split), 3, 264 (one split per tile)."""
+    from kernels.flashcur import launch as kernel_launch
+    from kernels.flashcur import ops as flashcur
+
+    monkeypatch.setattr(kernel_launch, "TARGET_PROGRAMS", target)
+    batch, heads, n, d, m = 2, 1, 100, 24, 16
+    q, k, v, key_mask = make_inputs(batch, heads, n, d, pad_last=40)  # keys 60..99 of sequence 1: split 96..99 empty
+    cfg = kernel_launch.config("_rv_fwd", n, m, d, q)
+    parts, split_n = flashcur._split("_rv_fwd", cfg, batch * heads, n, m)
+    assert parts == {1: 1, 3: 2, 264: 4}[target] and n % split_n != 0, (parts, split_n)
+    index = torch.stack([torch.randperm(60)[:m] for _ in range(batch * heads)]).view(batch, heads, m).to(DEVICE)
+    rows = lambda x: x.detach().gather(2, index[..., None].expand(-1, -1, -1, d)).contiguous()  # noqa: E731
+    q_sel, k_sel = rows(q), rows(k)
+    q64, k64, v64, q_sel64 = (x.detach().double().requires_grad_() for x in (q, k, v, q_sel))
+    rv_ref, lse_ref = reference_rows(q_sel64, k64, v64, key_mask)
+    rv, lse = flashcur.rv_forward(q_sel, k.detach(), v.detach(), key_mask)
+    torch.testing.assert_close(rv.double(), rv_ref.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), lse_ref.detach(), atol=1e-5, rtol=1e-5)
+    d_rv = torch.randn(rv.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    dq_sel, dk, dv = flashcur.rv_backward(q_sel, k.detach(), v.detach(), key_mask, rv, lse, d_rv)
+    expected = torch.autograd.grad(rv_ref, (q_sel64, k64, v64), d_rv.double())
+    for got, want in zip((dq_sel, dk, dv), expected):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
+    # kernel (c)'s backward: dK_J and dW summed over the query splits
+    valid = torch.ones(batch, heads, m, dtype=torch.bool, device=DEVICE)
+    valid[..., -2:] = False
+    w = torch.randn(batch, heads, m, d, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=DEVICE)
+    slot.scatter_(2, index, torch.arange(m, dtype=torch.int32, device=DEVICE).expand(batch, heads, m).contiguous())
+    y, lse_c = flashcur.out_forward(q.detach(), k_sel, valid, w, rv, slot)
+    d_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    dq, dk_sel, dw = flashcur.out_backward(q.detach(), k_sel, valid, w, slot, lse_c, d_y)
+    k_sel64, w64 = k_sel.double().requires_grad_(), w.double().requires_grad_()
+    logits = (q64 @ k_sel64.transpose(-1, -2) * d**-0.5).masked_fill(~valid[:, :, None, :], -math.inf)
+    free = (slot < 0)[..., None].double()  # rows I were overwritten by RV: no gradient through C W
+    expected = torch.autograd.grad(torch.softmax(logits, -1) @ w64, (q64, k_sel64, w64), d_y.double() * free)
+    for got, want in zip((dq, dk_sel, dw), expected):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
+
+
+def test_bf16_inputs_against_float64():
+    """bf16 q, k, v (F32_DOT under the interpreter; on a GPU bf16 tensor-core operands): the output and the
+    gradients, all bf16 (no float32 n × d result), against CUR in float64 on the same (bf16-rounded) inputs.
+
+    Tolerance from the dtype: bf16 keeps 8 significant bits, unit roundoff u = 2⁻⁸; the output and each
+    gradient are rounded once to bf16 (≤ u relative), and on a GPU the dot operands (probabilities, W, dRV, dS)
+    are rounded once each, a few u summed over convex weights: 4u of the largest entry for Y, 8u for the
+    gradients (their accumulation over the m slots and the gradient paths adds a few more roundings)."""
+    from attention.cur import cur_attention
+    from attention.flashcur import flashcur_attention
+    from attention.selection import select_indices
+
+    u = 2.0**-8
+    q, k, v, key_mask = make_inputs(2, 2, 70, 32, pad_last=20, dtype=torch.bfloat16)
+    index_q, index_k = select_indices(q, k, key_mask, 16, "abs", True, 0, False)
+    out = flashcur_attention(q, k, v, key_mask, index_q, index_k, 6, True)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.bfloat16)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    assert out.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in grads)
+    exact = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref = cur_attention(*exact, key_mask, index_q, index_k, None, 6, True)
+    ref_grads = torch.autograd.grad(ref, exact, grad_out.double())
+    error = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    grad_errors = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref_grads)]
+    print(f"bf16: max |Δy| / max |y| = {error:.2e} (≤ {4 * u:.1e}), gradients {[f'{e:.2e}' for e in grad_errors]} "
+          f"(≤ {8 * u:.1e})")
+    assert error <= 4 * u
+    assert max(grad_errors) <= 8 * u

@@ -52,9 +52,8 @@ def test_kernel_landmarks_equal_the_cpu_forms(n, d, m):
         grads.append(torch.autograd.grad(means, leaf, g * valid[:, None, :, None])[0].nan_to_num())
         expected.append(torch.where(valid[:, None, :, None], means, 0.0))
     q_dev, k_dev = (x.to(DEVICE).requires_grad_() for x in (q, k))
-    key_bias = paths.masking_bias(mask, torch.float32).to(DEVICE)[:, None, None, :]
     assert kernels_run(q_dev) and launch.takes(q_dev, m)  # landmark_means takes the kernels, not the SDPA form
-    q_land, k_land, slots, kernel_valid = landmark_means(q_dev, k_dev, mask.to(DEVICE), key_bias, m)
+    q_land, k_land, slots, kernel_valid = landmark_means(q_dev, k_dev, mask.to(DEVICE), m)
     assert torch.equal(kernel_valid.cpu(), valid[:, None].expand(5, 2, m))
     assert torch.equal(slots[:, :, 0].cpu(), paths.masking_bias(valid, torch.float32)[:, None].expand(5, 2, m))
     for got, want in zip((q_land, k_land), expected):
@@ -63,6 +62,55 @@ def test_kernel_landmarks_equal_the_cpu_forms(n, d, m):
     for got, want in zip(got_grads, grads):
         torch.testing.assert_close(got.cpu().masked_fill(~mask[:, None, :, None], 0.0), want, atol=1e-6, rtol=1e-5)
         assert (got.cpu()[~mask[:, None, :].expand(5, 2, n)] == 0).all()  # pads get no gradient
+
+
+@needs_kernels
+def test_bf16_inputs_give_float32_means_and_bf16_gradients():
+    """bf16 ``q, k``: the means (float32, m-sized) of the bf16 values exactly as the float32 kernels give them
+    (float32 sums), the token gradients in bf16 (n-sized: ``dX̃ / count`` rounded once to bf16's 8 significant bits:
+    ≤ 2⁻⁸ relative rounded to nearest, ≤ 2⁻⁷ truncated, as the interpreter's conversion may)."""
+    n, d, m = 50, 16, 8
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(5, 2, n, d, generator=generator).bfloat16() for _ in range(2))
+    mask = masks(n)
+    leaves = [x.to(DEVICE).requires_grad_() for x in (q, k)]
+    assert launch.takes(leaves[0], m)
+    q_land, k_land, _, valid = landmark_means(*leaves, mask.to(DEVICE), m)
+    assert q_land.dtype == k_land.dtype == torch.float32
+    upstream = [torch.randn(5, 2, m, d, generator=generator) for _ in range(2)]
+    grads = torch.autograd.grad((q_land, k_land), leaves, [g.to(DEVICE) for g in upstream])
+    assert all(g.dtype == torch.bfloat16 for g in grads)
+    for x, got_mean, got_grad, g in zip((q, k), (q_land, k_land), grads, upstream):
+        leaf = x.float().requires_grad_()
+        means, want_valid = segment_means(leaf, mask, m)
+        torch.testing.assert_close(got_mean.cpu(), torch.where(want_valid[:, None, :, None], means, 0.0).detach(),
+                                   atol=1e-6, rtol=1e-6)
+        want = torch.autograd.grad(means, leaf, g * want_valid[:, None, :, None])[0].nan_to_num()
+        want = want.masked_fill(~mask[:, None, :, None], 0.0)
+        torch.testing.assert_close(got_grad.cpu().float(), want, atol=1e-6, rtol=2.0**-7)
+
+
+@needs_kernels
+@pytest.mark.parametrize("m, target, groups", [(16, 1, 1), (16, 40, 4), (7, 20, 3), (16, 264, 16)])
+def test_segment_groups_partition_the_tokens(monkeypatch, m, target, groups):
+    """The forward's grid over groups of segments (``launch.segments_per_program``: all m in one program, 4 of 4,
+    3 + 3 + 1, one each) gives the CPU forms' means, validity and each token's segment, whatever the pads (before
+    the first real token, inside, at the end, more segments than real tokens, none)."""
+    monkeypatch.setattr(launch, "TARGET_PROGRAMS", target)
+    n, d = 70, 16
+    assert -(-m // launch.segments_per_program(10, m, d, target)) == groups
+    generator = torch.Generator().manual_seed(m + target)
+    q, k = (torch.randn(5, 2, n, d, generator=generator) for _ in range(2))
+    mask = masks(n)
+    q_land, k_land, counts, slots, valid, segment = launch.segment_means_forward(
+        q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), m, paths.MASKED)
+    rank = mask.cumsum(-1)
+    expected_segment = torch.where(mask, torch.div((rank - 1) * m, rank[:, -1:].clamp_min(1), rounding_mode="floor"), -1)
+    assert torch.equal(segment.cpu(), expected_segment[:, None].expand(5, 2, n).int())
+    for got, x in zip((q_land, k_land), (q, k)):
+        means, want_valid = segment_means(x, mask, m)
+        assert torch.equal(valid.cpu(), want_valid[:, None].expand(5, 2, m))
+        torch.testing.assert_close(got.cpu(), torch.where(want_valid[:, None, :, None], means, 0.0), atol=1e-5, rtol=1e-5)
 
 
 @needs_kernels
@@ -87,28 +135,32 @@ def test_fused_nystrom_with_the_kernels_equals_the_cpu_forms(monkeypatch):
 
 SHAPES = [(m, d) for m, d in itertools.product((16, 32, 64, 128), (16, 32, 64, 128))
           if launch.tiles(m, d)[0] * launch.tiles(m, d)[1] <= launch.MAX_TILE]
-FAST = [(kernel, 80, 128, 64) for kernel in launch.KERNELS] + [("_segment_means_fwd", 80, 64, 128)]
+FAST = ([(kernel, 80, 128, 64, torch.float32) for kernel in launch.KERNELS]
+        + [("_segment_means_fwd", 80, 64, 128, torch.float32), ("_segment_means_fwd", 90, 64, 128, torch.bfloat16),
+           ("_segment_means_bwd", 90, 128, 64, torch.bfloat16)])
 
 
-def compile_case(kernel: str, capability: int, m: int, d: int):
+def compile_case(kernel: str, capability: int, m: int, d: int, dtype: torch.dtype = torch.float32):
+    """``kernel`` compiled for ``sm_<capability>`` with its largest tiles (one program for all m segments)."""
     from kernels.common import aot
 
     fn = getattr(__import__("kernels.landmarks.segments", fromlist=[kernel]), kernel)
-    return aot.compile_jit(fn, capability, launch.launch_config(kernel, m, d), launch.pointer_types(kernel),
+    return aot.compile_jit(fn, capability, launch.launch_config(kernel, m, d), launch.pointer_types(kernel, dtype),
                            launch.FLOAT_ARGS)
 
 
 @compiles
-@pytest.mark.parametrize("kernel, capability, m, d", FAST)
-def test_largest_tiles_compile_without_spills(kernel, capability, m, d):
-    compiled = compile_case(kernel, capability, m, d)
+@pytest.mark.parametrize("kernel, capability, m, d, dtype", FAST, ids=str)
+def test_largest_tiles_compile_without_spills(kernel, capability, m, d, dtype):
+    compiled = compile_case(kernel, capability, m, d, dtype)
     assert compiled.fits, compiled
 
 
 @compiles
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("capability", [80, 90])
 @pytest.mark.parametrize("kernel", launch.KERNELS)
-def test_every_tile_compiles_without_spills(kernel, capability):
-    failures = [compiled for m, d in SHAPES if not (compiled := compile_case(kernel, capability, m, d)).fits]
+def test_every_tile_compiles_without_spills(kernel, capability, dtype):
+    failures = [compiled for m, d in SHAPES if not (compiled := compile_case(kernel, capability, m, d, dtype)).fits]
     assert not failures, failures

@@ -127,3 +127,14 @@ def test_a_temporary_file_left_by_a_killed_write_is_not_a_users_file(tmp_path):
     (out / ".basic_test.tsv.abc123.tmp").write_text("half a file")
     listops.generate(out, SIZES, **SMALL)
     assert (out / "basic_test.tsv").is_file() and os.path.getsize(out / "basic_test.tsv") > 0
+
+
+def test_generation_leaves_no_lock_file_beside_the_data_dir(tmp_path):
+    """The lock that lets one of several processes generate is removed once the files are there (and on a refusal)."""
+    mine = tmp_path / "mine"
+    datamodule(tmp_path, mine).prepare_data()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cache", "mine"]
+    users_files(tmp_path / "users")
+    with pytest.raises(FileExistsError):
+        datamodule(tmp_path, tmp_path / "users").prepare_data()
+    assert not list(tmp_path.glob(".*.lock"))

@@ -61,7 +61,7 @@ def test_landmark_kernels_under_the_interpreter():
     """``tests/test_landmark_kernels.py`` with ``TRITON_INTERPRET=1`` (the landmark kernels against the CPU forms, and
     the whole fused Nyström with them), in a subprocess: the interpreter is chosen when the kernels are defined."""
     proc = run_cli(["-m", "pytest", "tests/test_landmark_kernels.py", "-q", "-k", "not compile", "-p", "no:cacheprovider"],
-                   env={"TRITON_INTERPRET": "1"})
+                   env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})  # CPU tensors, with or without a GPU
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 

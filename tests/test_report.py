@@ -16,6 +16,7 @@ import yaml
 from lra import REPO_ROOT
 from lra.analysis import report
 from lra.analysis.report_tables import COLUMNS, DEFAULT
+from tests.conftest import run_cli
 
 
 def write_run(root: Path, name: str, task: str, attention: str, seed: int, acc: float | None, *,
@@ -211,9 +212,12 @@ def test_markdown_latex_and_csv_are_one_table(tmp_path, capsys):
 
 def test_empty_or_absent_dir_is_an_error(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 1
-    assert "no readable runs" in capsys.readouterr().err
-    with pytest.raises(FileNotFoundError, match="sweep dir not found"):
-        report.main([str(tmp_path / "absent")])
+    assert capsys.readouterr().err.startswith(f"[lra] FAILED: no readable runs (results.json or .hydra job dirs) "
+                                              f"under {tmp_path}; give the dir of a run or sweep")
+    proc = run_cli(["-m", "lra.analysis.report", str(tmp_path / "absent")])  # as typed: one line, no traceback
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"[lra] FAILED: not a directory: {tmp_path / 'absent'}; give run or sweep "
+                                        "dirs (e.g. outputs/runs, outputs/multirun/<date_time.µs>, or docs/runs)"]
 
 
 def test_published_file_is_consistent():

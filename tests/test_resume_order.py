@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 
 import pytest
 import torch
@@ -208,3 +209,37 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_pat
     assert again["metrics"] == whole["metrics"]
     assert whole["weights"].keys() == again["weights"].keys()
     assert all(torch.equal(whole["weights"][key], again["weights"][key]) for key in whole["weights"])
+
+
+@pytest.mark.parametrize("how", ["mv", "cp -r"])
+def test_a_moved_run_dir_resumes_its_own_checkpoints(train_run, tmp_path, how):
+    """Ctrl-C after step 7 (past the validation of step 6), move the run dir (``mv``) or copy it without its file
+    times (``cp -r``), resume into the new one: the best score and checkpoint carry over (Lightning stores them as
+    absolute paths of the old dir) and the resume starts from the highest step, so the run tests the same checkpoint
+    as an uninterrupted one, keeps one best checkpoint, and gives the same results, log and predictions."""
+    before, after = tmp_path / "before", tmp_path / "elsewhere" / "after"
+    stopped = train_run(before, "shuffled", env={"LRA_FAULT_SIGINT_AT": "7"})
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    after.parent.mkdir()
+    if how == "mv":
+        before.rename(after)
+    else:
+        subprocess.run(["cp", "-r", str(before), str(after)], check=True)
+    cut_short = after / "checkpoints" / ".best-10.ckpt.k3x9q1.tmp"  # what a SIGKILL during a save leaves
+    cut_short.write_bytes(b"")
+    resumed = train_run(after, "shuffled")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not cut_short.exists() and "removed 1 temporary file(s) of a write cut short" in resumed.stdout
+    assert f"resuming from {after / 'checkpoints'}" in resumed.stdout and "(step 7)" in resumed.stdout
+
+    whole_dir = train_run(None, "shuffled")
+    whole, again = outcome(whole_dir), outcome(after)
+    for key in ("test_acc", "val_acc_best", "val_curve", "steps"):
+        assert again["results"][key] == whole["results"][key], key
+    assert again["metrics"] == whole["metrics"]
+    assert (after / "predictions.json").read_text() == (whole_dir / "predictions.json").read_text()
+    best = sorted(path.name for path in (whole_dir / "checkpoints").glob("best-*.ckpt"))
+    assert sorted(path.name for path in (after / "checkpoints").glob("best-*.ckpt")) == best
+    assert again["results"]["best_checkpoint"] == str(after / "checkpoints" / best[0])
+    output = resumed.stdout + resumed.stderr
+    assert "dirpath has changed" not in output and "exists and is not empty" not in output

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -198,3 +200,22 @@ def test_evaluate_writes_under_outputs_evaluations():
         training = compose(config_name="train", return_hydra_config=True)
     assert "/evaluations/" in evaluation.hydra.run.dir and "/evaluations/" in evaluation.hydra.sweep.dir
     assert "/runs/" in training.hydra.run.dir and "/evaluations/" not in training.hydra.sweep.dir
+
+
+def test_the_hint_to_train_a_finished_run_longer_works(tiny_listops_overrides, tmp_path):
+    """Re-running a completed run with more steps is refused (a resume cannot change the schedule); the command the
+    refusal prints trains those settings in a new run dir from the run's weights, and completes."""
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    args = ["-m", "lra.train", *tiny_listops_overrides, f"paths.log_dir={logs}"]
+    assert run_cli([*args, f"hydra.run.dir={run_dir}"]).returncode == 0
+    longer = run_cli([*args, "trainer.max_steps=6", f"hydra.run.dir={run_dir}"])
+    assert longer.returncode == 1 and "NOT RE-RUN" in longer.stderr and "delete" not in longer.stderr
+    hint = re.search(r"run them in a new run dir: (python -m lra\.train .*?); from scratch", longer.stderr).group(1)
+    command = shlex.split(hint)
+    assert command[-1] == f"init_from={run_dir / 'checkpoints' / 'last.ckpt'}" and "trainer.max_steps=6" in command
+    followed = run_cli(command[1:])  # as printed, without `python`
+    assert followed.returncode == 0, followed.stderr[-3000:]
+    (record_path,) = (logs / "runs").rglob("results.json")
+    record = json.loads(record_path.read_text())
+    assert record["status"] == "completed" and record["steps"] == 6
+    assert record["config"]["init_from"] == str(run_dir / "checkpoints" / "last.ckpt")

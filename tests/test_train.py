@@ -71,7 +71,9 @@ def test_unknown_attention_or_task_is_rejected():
     for override in ("attention=no_such_attention", "task=no_such_task"):
         proc = run_cli(["-m", "lra.train", override])
         assert proc.returncode != 0
-        assert "Could not find" in proc.stderr and override.split("=")[1] in proc.stderr
+        group, value = override.split("=")
+        assert proc.stderr.startswith(f"[lra] FAILED: {override}: no config 'configs/{group}/{value}.yaml'")
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_killed_run_resumes_from_its_last_checkpoint(tiny_listops_overrides, tmp_path):

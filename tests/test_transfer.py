@@ -99,3 +99,24 @@ def test_table4_experiment_sweeps_five_rules_by_five_seeds():
     assert sorted(rules) == ["abs", "embed", "random", "step", "sum"] and len(seeds) == 5
     assert len(list(product(rules, seeds))) == 25
     assert cfg.attention.name == "curformer" and cfg.task.name == "listops" and "cur_table4_selection" in cfg.tags
+
+
+def test_evaluate_with_a_missing_checkpoint_is_one_line_and_writes_nothing(tmp_path):
+    logs = tmp_path / "outputs"
+    proc = run_cli(["-m", "lra.evaluate", f"ckpt_path={tmp_path / 'absent.ckpt'}", f"paths.log_dir={logs}"])
+    assert proc.returncode == 1 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"[lra] FAILED: ckpt_path={tmp_path / 'absent.ckpt'}: no such file. Give a checkpoint")
+    assert not logs.exists()
+
+
+def test_evaluate_with_an_unreadable_checkpoint_fails_in_one_line_with_its_traceback_logged(tmp_path):
+    ckpt = tmp_path / "broken.ckpt"
+    ckpt.write_bytes(b"not a checkpoint")
+    run_dir = tmp_path / "evaluation"
+    proc = run_cli(["-m", "lra.evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}", "logger=none"])
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"[lra] FAILED: ValueError: {ckpt} is not a readable checkpoint")
+    assert "Traceback" not in proc.stdout + proc.stderr and "Traceback" in (run_dir / "error.log").read_text()
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "failed" and record["transferred_from"] == str(ckpt)

@@ -12,11 +12,17 @@ Each family's ``launch`` module turns a kernel, a shape, a dtype and a GPU archi
 * pointer types: each family declares its kernels' tensor arguments (:data:`IN`: the input dtype);
   :func:`pointer_types` resolves them for a dtype, :func:`launch` checks the tensors passed against
   them under the interpreter, and :mod:`kernels.common.aot` compiles with them, so the signature the
-  AOT tests compile is the launched one.
+  AOT tests compile is the launched one;
+* the launch plan: inside :func:`recording`, a launch on ``meta`` tensors is recorded (:class:`PlannedLaunch`: grid,
+  serial loop, tensor arguments) instead of run, with :func:`device_capability` answering the recorded
+  architecture, so ``python -m lra.bench plan`` lists the Triton launches of a GPU step on a machine without one,
+  computed by the same launch code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -100,17 +106,63 @@ def shared_memory_estimate(tiles: dict, sizes: dict, loop_copies: int, operand_b
     return total("fixed") + loop_copies * total("loop") + total("scratch")
 
 
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """One kernel launch as :func:`recording` saw it: ``kernel`` name, ``grid``, the serial ``loop`` each program
+    runs (what it walks, and how many iterations), and ``tensors``: ``(shape, dtype)`` of each tensor argument."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    loop: tuple[str, int]
+    tensors: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+
+    @property
+    def programs(self) -> int:
+        return math.prod(self.grid)
+
+
+_RECORDER: dict = {}  # while recording: {"launches": [...], "capability": int}
+
+
+@contextlib.contextmanager
+def recording(capability: int = 90):
+    """Record (not run) every :func:`launch` on ``meta`` tensors inside the block, as on ``sm_<capability>``; yields
+    the list of :class:`PlannedLaunch` it fills."""
+    if _RECORDER:
+        raise RuntimeError("kernels.common.launch.recording is already active")
+    _RECORDER.update(launches=[], capability=capability)
+    try:
+        yield _RECORDER["launches"]
+    finally:
+        _RECORDER.clear()
+
+
+def planning(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a ``meta`` tensor inside :func:`recording` (its launches are recorded, not run)."""
+    return bool(_RECORDER) and x.device.type == "meta"
+
+
 def device_capability(device: torch.device) -> int:
-    """``major * 10 + minor`` of a CUDA device; 80 for CPU tensors (the interpreter ignores it)."""
+    """``major * 10 + minor`` of a CUDA device; under :func:`recording`, the recorded one for ``meta`` tensors; 80 for
+    CPU tensors (the interpreter ignores it)."""
+    if _RECORDER and device.type == "meta":
+        return _RECORDER["capability"]
     if device.type != "cuda":
         return 80
     major, minor = torch.cuda.get_device_capability(device)
     return major * 10 + minor
 
 
-def launch(fn, grid, config: LaunchConfig, kinds: dict[str, str], *args) -> None:
+def launch(fn, grid, config: LaunchConfig, kinds: dict[str, str], *args, loop: tuple[str, int]) -> None:
     """``fn[grid](*args, **config.options)``; under the interpreter, first check the tensors' types
-    against the declared ``kinds`` (:func:`pointer_types` of the first argument's dtype)."""
+    against the declared ``kinds`` (:func:`pointer_types` of the first argument's dtype). ``loop``: what each
+    program walks serially and how many iterations (``("keys", cdiv(n, BLOCK_N))``; ``("none", 1)``), which
+    :func:`recording` keeps for the launch plan."""
+    if _RECORDER and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+        tensors = tuple((tuple(a.shape), a.dtype) for a in args if isinstance(a, torch.Tensor))
+        name = getattr(getattr(fn, "fn", fn), "__name__", str(fn))
+        _RECORDER["launches"].append(PlannedLaunch(name, tuple(int(g) for g in grid), (loop[0], int(loop[1])), tensors))
+        return
     if interpreted():
         found = {name: "*" + TRITON_TYPES[a.dtype] for name, a in zip(fn.arg_names, args) if isinstance(a, torch.Tensor)}
         expected = pointer_types(kinds, args[0].dtype)

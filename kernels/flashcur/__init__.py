@@ -4,6 +4,7 @@
 * :mod:`kernels.flashcur.backward`: their gradients, ``R`` and ``C`` recomputed tile by tile.
 * :mod:`kernels.flashcur.launch`: launch parameters per GPU architecture, dtype and shape (what
   ``tests/test_aot_compile.py`` compiles), and the launch.
-* :mod:`kernels.flashcur.ops`: one function per kernel (pair) that allocates and launches; the
+* :mod:`kernels.flashcur.ops`: one function per kernel (pair) that allocates, launches (n split over a grid
+  axis for the kernels whose programs walk all n tokens) and merges the split partials; the
   custom ops (fake implementations, autograd) that chain them live in :mod:`attention.flashcur`.
 """

@@ -2,7 +2,9 @@
 
 :func:`launch_config` gives, for a kernel, a shape ``(n, m, d)``, an input dtype and a GPU
 architecture, every compile-time parameter of the launch — block sizes, ``F32_DOT``/``PRECISION``,
-``M`` where it is a constexpr, ``num_warps``, ``num_stages``. The wrappers in
+``M`` where it is a constexpr, ``num_warps``, ``num_stages`` — memoised per shape; :func:`splits` the split of n
+for the kernels whose programs walk all n tokens (:data:`SPLIT_KERNELS`: at least :data:`TARGET_PROGRAMS`
+programs, two waves on an H100 / H200). The wrappers in
 :mod:`kernels.flashcur.ops` launch with it (:func:`config`, :func:`launch`), and
 ``tests/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:func:`compile_kernel`), so what
 the test checks is what runs. Shared memory limits, the estimate and the interpreter switch are
@@ -15,6 +17,7 @@ real launch.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -34,11 +37,11 @@ POINTER_TYPES = {
     "_u_fwd": {"QI": IN, "KJ": IN, "VALIDK": "*u8", "U": "*fp32"},
     "_out_fwd": {"Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "RV": "*fp32", "SLOT": "*i32", "OUT": IN, "LSE": "*fp32"},
     "_rv_bwd_kv": {
-        "QI": IN, "K": IN, "V": IN, "MASK": "*u8", "DRV": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DK": "*fp32", "DV": "*fp32",
+        "QI": IN, "K": IN, "V": IN, "MASK": "*u8", "DRV": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DK": IN, "DV": IN,
     },
     "_rv_bwd_q": {"QI": IN, "K": IN, "V": IN, "MASK": "*u8", "DRV": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DQI": "*fp32"},
     "_out_bwd_q": {
-        "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "LSE": "*fp32", "DQ": "*fp32", "DELTA": "*fp32",
+        "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "LSE": "*fp32", "DQ": IN, "DELTA": "*fp32",
     },
     "_out_bwd_kw": {
         "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "LSE": "*fp32", "DELTA": "*fp32",
@@ -46,6 +49,10 @@ POINTER_TYPES = {
     },
 }
 KERNELS = tuple(POINTER_TYPES)
+# Kernels whose programs each walk the n tokens (a block of m rows or keys against every token): their n
+# is split into S parts, a grid axis (:func:`splits`), and their m-sized results are per-split partials.
+SPLIT_KERNELS = ("_rv_fwd", "_rv_bwd_q", "_out_bwd_kw")
+TARGET_PROGRAMS = 264  # programs a split launch aims for: two waves on an H100 / H200 (132 SMs)
 
 
 def kernel_function(kernel: str):
@@ -105,7 +112,11 @@ KIND = {"_rv_fwd": "rows", "_rv_bwd_q": "rows", "_out_bwd_kw": "rows", "_u_fwd":
 # flight); "scratch" are tiles computed in registers and fed to a dot (probabilities, dS), and
 # _u_fwd's softmax tile, which Triton stages through shared memory to store. Measured
 # (tests/test_aot_compile.py): the estimate is within 1 KiB of, or above, Triton 3.9's allocation for
-# every kernel, dtype and shape on sm_80 and sm_90.
+# every kernel, dtype and shape on sm_80 and sm_90. Since bf16 / fp16 launches cast W, RV, dRV and the
+# probability tiles to the input dtype for their tensor-core dots (forward.mm_in), the float32 flag
+# over-counts those tiles there (2 bytes, not 4); kept, as the safe side: re-measured after the change (bf16 /
+# fp16, sm_80 / sm_90, every m and head dim, n 16 and 4096) the compiled allocation is 0.2–1.0× the estimate,
+# at most 512 B above it (_rv_bwd_kv), so no launch exceeds the limit the rule checks.
 _ND, _MD = ("BLOCK_N", "BLOCK_D"), ("BLOCK_M", "BLOCK_D")
 TILES = {
     "_rv_fwd": {"fixed": [(*_MD, False, False)], "loop": [(*_ND, False, False)] * 2, "scratch": [("BLOCK_M", "BLOCK_N", False, False)]},
@@ -126,7 +137,10 @@ TILES = {
 # Registers. Every kernel but _rv_fwd and _u_fwd multiplies by a float32 tensor (W, RV, their
 # gradients), and with float32 inputs every dot is float32: those dots run in IEEE precision on the
 # FMA units (TF32 only when asked), where Triton keeps both operands in registers for the whole K
-# dimension, so the register need grows with the tiles and head_dim. Tiles sized for shared memory
+# dimension, so the register need grows with the tiles and head_dim. (With bf16 / fp16 inputs these dots
+# now run on tensor cores too; the "half" cells were measured when they were IEEE fp32 and are kept: they
+# compile without spills for the tensor-core kernels, re-checked with the split kernels, and are smaller
+# tiles than tensor cores need — retuning them for speed needs a GPU.) Tiles sized for shared memory
 # alone spill (m = d = 128 on sm_80: fp32 _rv_fwd 7,536 B of stack per thread, bf16 _rv_bwd_kv
 # 47,248 B). These launches follow a register rule (:func:`register_launch`): REGISTER_TILES per
 # kernel and operand class (:func:`operands`), a few general limits, and REGISTER_EXCEPTIONS, all
@@ -136,6 +150,9 @@ TILES = {
 # re-run ``pytest -m slow tests/test_aot_compile.py`` after changing a kernel.
 SHARED_RULE = None  # only tensor-core dots (bf16 / fp16 / TF32 _rv_fwd, _u_fwd): shared memory decides
 SHARED_RULE_WARPS = 4
+# ... but a split _rv_fwd (kernels.flashcur.forward: the per-split partial store) whose BLOCK_M × BLOCK_D float32
+# accumulator reaches 64 × 128 spills 24 B (sm_80) / 96 B (sm_90) with 4 warps in bf16; 8 warps spill nothing.
+SHARED_RULE_WIDE, SHARED_RULE_WIDE_WARPS = 64 * 128, 8
 REGISTER_TILES = {  # kernel: {operands: (largest BLOCK_N, largest BLOCK_M, num_warps, num_stages)}
     "_rv_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": SHARED_RULE},
     "_u_fwd": {"fp32": (MIN_DOT, 32, 8, 1), "tf32": SHARED_RULE, "half": SHARED_RULE},
@@ -154,11 +171,19 @@ REGISTER_EXCEPTIONS = {
     ("_rv_bwd_kv", "tf32", 32, 32, 32): (16, 4, 2),
     ("_out_bwd_q", "half", 128, 32, 16): (16, 8, 3),
 }
+# Tiles of the split kernels that spill 8–24 B with the rule's 8 warps on sm_90 (since the split of n) and
+# nothing with 4 on either architecture, whatever m: (kernel, operands, BLOCK_D, BLOCK_N, BLOCK_M) -> num_warps.
+TILE_WARPS = {
+    ("_rv_fwd", "fp32", 16, 32, 16): 4,
+    ("_rv_fwd", "tf32", 64, 32, 32): 4,
+    ("_out_bwd_kw", "fp32", 64, 16, 16): 4,
+    ("_out_bwd_kw", "tf32", 64, 16, 16): 4,
+}
 
 
 def operands(dtype: torch.dtype, tf32: bool) -> str:
     """Operand class of a launch: "fp32" (float32 inputs, IEEE dots on FMA units), "tf32" (float32
-    inputs, tensor-core TF32 dots), "half" (bf16 / fp16 inputs; products with W, RV stay IEEE fp32)."""
+    inputs, tensor-core TF32 dots), "half" (bf16 / fp16 inputs: every dot on tensor cores, W and RV cast)."""
     if dtype != torch.float32:
         return "half"
     return "tf32" if tf32 else "fp32"
@@ -174,7 +199,7 @@ def register_launch(kernel: str, operand_class: str, m: int, block_d: int, block
     spill 8–24 B with 8 warps: ptxas trades registers for occupancy); _u_fwd cannot chunk its m keys
     (its softmax spans them all), so in fp32 it takes 16-row tiles from m · BLOCK_D = 64 · 128 (32
     rows spill 176 B) and 16 warps at 128 · 128 (8 warps spill 176 B); last
-    :data:`REGISTER_EXCEPTIONS`.
+    :data:`REGISTER_EXCEPTIONS`, then :data:`TILE_WARPS`.
     """
     tiles = REGISTER_TILES[kernel][operand_class]
     if tiles is SHARED_RULE:
@@ -190,7 +215,8 @@ def register_launch(kernel: str, operand_class: str, m: int, block_d: int, block
         warps = 4
     if kernel == "_u_fwd" and m * block_d >= 64 * 128:
         block_m, warps = MIN_DOT, 16 if m * block_d >= 128 * 128 else warps
-    return REGISTER_EXCEPTIONS.get((kernel, operand_class, block_d, m, block_n), (block_m, warps, stages))
+    block_m, warps, stages = REGISTER_EXCEPTIONS.get((kernel, operand_class, block_d, m, block_n), (block_m, warps, stages))
+    return block_m, TILE_WARPS.get((kernel, operand_class, block_d, block_n, block_m), warps), stages
 
 
 def _candidates(kernel: str, sizes: dict[str, int], m: int, operand_class: str):
@@ -198,7 +224,8 @@ def _candidates(kernel: str, sizes: dict[str, int], m: int, operand_class: str):
 
     BLOCK_N from :func:`block_sizes`'s (capped by :data:`REGISTER_TILES`) down to 16 (_u_fwd has
     none); within it, under a register rule, :func:`register_launch`'s warps and stages with BLOCK_M
-    from its largest down to 16; under :data:`SHARED_RULE` 4 warps, 3 then 2 pipeline stages (1 for
+    from its largest down to 16; under :data:`SHARED_RULE` 4 warps (8 for _rv_fwd's 64 × 128 accumulators,
+    :data:`SHARED_RULE_WIDE`), 3 then 2 pipeline stages (1 for
     _u_fwd, which has no loop), BLOCK_M from :func:`block_sizes`'s down, keeping BLOCK_N ≤ 2 · BLOCK_M
     (bf16 _rv_fwd at m = 16 with BLOCK_N = 64 spills 8 B on sm_90).
     """
@@ -215,7 +242,8 @@ def _candidates(kernel: str, sizes: dict[str, int], m: int, operand_class: str):
             block_m = largest_m
             while block_m >= MIN_DOT:
                 if rule is not None or kind == "u" or block_n <= 2 * block_m:
-                    yield block_n, block_m, warps, stages
+                    wide = rule is None and kind == "rows" and block_m * sizes["BLOCK_D"] >= SHARED_RULE_WIDE
+                    yield block_n, block_m, SHARED_RULE_WIDE_WARPS if wide else warps, stages
                 block_m //= 2
         block_n //= 2
 
@@ -227,8 +255,10 @@ def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, 
     return common.shared_memory_estimate(TILES[kernel], sizes, max(num_stages - 1, 1), operand_bytes, tf32)
 
 
+@functools.lru_cache(maxsize=None)
 def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False) -> LaunchConfig:
-    """Every compile-time parameter of launching ``kernel`` on ``n`` tokens, ``m`` slots, head_dim ``d``.
+    """Every compile-time parameter of launching ``kernel`` on ``n`` tokens, ``m`` slots, head_dim ``d``
+    (memoised per shape: a launch does not re-derive it; the returned config is shared, never mutate it).
 
     Rule: the first of :func:`_candidates` (tiles from the largest down; warps and stages from the
     register rule, :func:`register_launch`, or for tensor-core-only launches 4 warps and 3 or 2
@@ -258,6 +288,21 @@ def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capab
     return LaunchConfig(constexprs, num_warps=warps, num_stages=stages)
 
 
+@functools.lru_cache(maxsize=None)
+def splits(programs: int, n: int, block_n: int, target: int = TARGET_PROGRAMS) -> tuple[int, int]:
+    """``(S, SPLIT_N)``: the split of ``n`` tokens for a launch of :data:`SPLIT_KERNELS` whose other grid axes
+    give ``programs`` programs (``B·H·m/BLOCK_M``), and the tokens per split (a multiple of ``block_n``).
+
+    The fewest splits that reach ``target`` programs (``programs · S ≥ target``), each at least one
+    ``block_n`` tile: ``per = max(1, tiles // ⌈target / programs⌉)`` tiles a split, ``S = ⌈tiles / per⌉``
+    (no empty split); ``S = 1`` once ``programs ≥ target``. At B 8, H 2, n 4096, m 64 (64-token tiles,
+    one 64-row block): 16 programs, 64 tiles, 3 tiles a split, S = 22, 352 programs.
+    """
+    tiles = triton.cdiv(max(n, 1), block_n)
+    per = max(1, tiles // triton.cdiv(target, programs))
+    return triton.cdiv(tiles, per), per * block_n
+
+
 def check_shape(m: int, d: int, capability: int) -> None:
     """Raise at config time when no dtype can serve ``(m, d)`` on ``sm_<capability>`` (bf16 needs the least)."""
     for kernel in KERNELS:
@@ -275,10 +320,11 @@ def config(kernel: str, n: int, m: int, d: int, like: torch.Tensor) -> LaunchCon
     return launch_config(kernel, n, m, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32)
 
 
-def launch(kernel: str, grid, config: LaunchConfig, *args) -> None:
+def launch(kernel: str, grid, config: LaunchConfig, *args, loop: tuple[str, int]) -> None:
     """``kernel[grid](*args, **config.options)``; under the interpreter the tensors' types are checked
-    against :data:`POINTER_TYPES` first (the AOT test compiles with those)."""
-    common.launch(kernel_function(kernel), grid, config, POINTER_TYPES[kernel], *args)
+    against :data:`POINTER_TYPES` first (the AOT test compiles with those). ``loop``: what each program walks
+    and how many iterations (:func:`kernels.common.launch.launch`; recorded by its ``recording``)."""
+    common.launch(kernel_function(kernel), grid, config, POINTER_TYPES[kernel], *args, loop=loop)
 
 
 def compile_kernel(kernel: str, capability: int, dtype: torch.dtype, n: int, m: int, d: int, tf32: bool = False) -> aot.Compiled:

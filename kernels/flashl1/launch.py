@@ -147,10 +147,11 @@ def pointer_types(kernel: str, dtype: torch.dtype) -> dict[str, str]:
     return common.pointer_types(POINTER_TYPES[kernel], dtype)
 
 
-def launch(kernel: str, grid, cfg: LaunchConfig, *args) -> None:
+def launch(kernel: str, grid, cfg: LaunchConfig, *args, loop: tuple[str, int]) -> None:
     """``kernel[grid](*args, **cfg.options)``; under the interpreter the tensors' types are checked
-    against :data:`POINTER_TYPES` first, so the AOT-compiled signature is the launched one."""
-    common.launch(kernel_function(kernel), grid, cfg, POINTER_TYPES[kernel], *args)
+    against :data:`POINTER_TYPES` first, so the AOT-compiled signature is the launched one (``loop``: what each
+    program walks, for the launch plan, :func:`kernels.common.launch.launch`)."""
+    common.launch(kernel_function(kernel), grid, cfg, POINTER_TYPES[kernel], *args, loop=loop)
 
 
 def unit_stride(x: torch.Tensor) -> torch.Tensor:
@@ -167,7 +168,7 @@ def l1_forward(q, k, v, key_mask, lam: float):
     launch(
         "_l1_fwd", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_M"])), cfg,
         q, k, v, mask, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], mask.stride(0),
-        H, n, d, -lam * LOG2E / math.sqrt(d),
+        H, n, d, -lam * LOG2E / math.sqrt(d), loop=("keys", triton.cdiv(n, cfg.constexprs["BLOCK_N"])),
     )
     return out, lse
 
@@ -183,10 +184,10 @@ def l1_backward(q, k, v, key_mask, out, lse, d_out, lam: float):
     cfg = config("_l1_bwd_kv", n, d, q)
     parts = cfg.constexprs["BLOCK_D"] // cfg.constexprs["BLOCK_DO"]
     launch("_l1_bwd_kv", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"]) * parts), cfg,
-           q, k, v, mask, d_out, lse, delta, dk, dv, *rest)
+           q, k, v, mask, d_out, lse, delta, dk, dv, *rest, loop=("queries", triton.cdiv(n, cfg.constexprs["BLOCK_M"])))
     cfg = config("_l1_bwd_q", n, d, q)
     launch("_l1_bwd_q", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_M"])), cfg,
-           q, k, v, mask, d_out, lse, delta, dq, *rest)
+           q, k, v, mask, d_out, lse, delta, dq, *rest, loop=("keys", triton.cdiv(n, cfg.constexprs["BLOCK_N"])))
     return dq, dk, dv
 
 

@@ -57,9 +57,10 @@ def kernel_function(kernel: str):
     return getattr(forward, kernel, None) or getattr(backward, kernel)
 
 
-def launch(kernel: str, problems: int, config: LaunchConfig, *args) -> None:
-    """One program per problem; under the interpreter the tensors' types are checked against :data:`POINTER_TYPES`."""
-    common.launch(kernel_function(kernel), (problems,), config, POINTER_TYPES[kernel], *args)
+def launch(kernel: str, problems: int, config: LaunchConfig, *args, n_iter: int) -> None:
+    """One program per problem, each running the ``n_iter`` iterations serially; under the interpreter the tensors'
+    types are checked against :data:`POINTER_TYPES`."""
+    common.launch(kernel_function(kernel), (problems,), config, POINTER_TYPES[kernel], *args, loop=("iterations", n_iter))
 
 
 def compile_kernel(kernel: str, capability: int, m: int, has_norm: bool = False, save: bool = True) -> aot.Compiled:

@@ -22,16 +22,18 @@ import os
 from typing import Optional
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
-from kernels.common.launch import interpreted
+from kernels.common.launch import interpreted, planning
 from kernels.pinv import launch
 
 Tensor = torch.Tensor
 
 
 def _check_device(a: Tensor) -> None:
-    """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
-    if a.is_cuda or (a.device.type == "cpu" and interpreted()):
+    """The kernels run on CUDA tensors, on CPU tensors under the Triton interpreter, and on ``meta`` tensors while a
+    launch plan records them (:func:`kernels.common.launch.recording`)."""
+    if a.is_cuda or planning(a) or (a.device.type == "cpu" and interpreted()):
         return
     hint = (
         "kernels.pinv was imported without TRITON_INTERPRET=1: set it in the environment before starting Python"
@@ -54,7 +56,7 @@ def pinv_forward(a: Tensor, norm: Optional[Tensor], n_iter: int, save: bool) -> 
     config = launch.launch_config("_pinv_fwd", m, norm is not None, save)
     # Pointers a launch never dereferences (HAS_NORM / SAVE false, or no iterate to save) get ``a``.
     launch.launch("_pinv_fwd", problems, config, a, a if norm is None else norm, z, saved if saved.numel() else a,
-                  m, n_iter)
+                  m, n_iter, n_iter=n_iter)
     return z, saved
 
 
@@ -75,7 +77,7 @@ def pinv_backward(a: Tensor, norm: Optional[Tensor], saved: Tensor, grad_z: Tens
     grad_norm = a.new_empty(problems) if norm is not None else a.new_empty(0)
     config = launch.launch_config("_pinv_bwd", m, norm is not None)
     launch.launch("_pinv_bwd", problems, config, a, a if norm is None else norm, saved if saved.numel() else a,
-                  grad_z, grad_a, grad_norm if norm is not None else a, m, n_iter)
+                  grad_z, grad_a, grad_norm if norm is not None else a, m, n_iter, n_iter=n_iter)
     return grad_a, grad_norm
 
 
@@ -102,6 +104,23 @@ def _grad(ctx, grad_z, _grad_saved):
 
 
 pinv_forward.register_autograd(_grad, setup_context=_setup)
+
+# FLOP formulas for torch.utils.flop_counter (it does not see inside the Triton kernels), 2·m³ per m × m product:
+# a forward step runs four (AZ, AZ·W, AZ·inner, Z·S), a backward step eleven (three recomputing, eight of the chain
+# rule; kernels.pinv.backward).
+FORWARD_PRODUCTS, BACKWARD_PRODUCTS = 4, 11
+
+
+@register_flop_formula(torch.ops.lra_pinv.forward)
+def _(a, norm, n_iter, save, *args, out_shape=None, **kwargs) -> int:
+    problems, m, _ = a
+    return FORWARD_PRODUCTS * n_iter * problems * 2 * m**3
+
+
+@register_flop_formula(torch.ops.lra_pinv.backward)
+def _(a, norm, saved, grad_z, n_iter, *args, out_shape=None, **kwargs) -> int:
+    problems, m, _ = a
+    return BACKWARD_PRODUCTS * n_iter * problems * 2 * m**3
 
 
 def fused_pinv(a: Tensor, n_iter: int, norm: Tensor | None = None) -> Tensor:

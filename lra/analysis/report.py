@@ -64,10 +64,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    missing = [str(path) for path in args.dirs if not path.is_dir()]
+    if missing:
+        print(f"[lra] FAILED: not a directory: {', '.join(missing)}; give run or sweep dirs (e.g. outputs/runs, "
+              f"outputs/multirun/<date_time.µs>, or docs/runs)", file=sys.stderr)
+        return 1
     runs = collect(args.dirs) + (wandb_runs(args.wandb, args.group) if args.wandb else [])
     if not runs:
-        print(f"no readable runs (results.json or .hydra job dirs) under {', '.join(map(str, args.dirs))}",
-              file=sys.stderr)
+        print(f"[lra] FAILED: no readable runs (results.json or .hydra job dirs) under "
+              f"{', '.join(map(str, args.dirs))}; give the dir of a run or sweep of lra.train (e.g. outputs/runs, "
+              f"outputs/multirun/<date_time.µs>)", file=sys.stderr)
         return 1
     tables = yaml.safe_load(args.published.read_text())
     rows, common = group_runs(runs)

@@ -1,20 +1,20 @@
-"""``python -m lra.bench {attention,train,compile_breaks,profile,pinv,launches} [options]`` (``--help`` on each subcommand lists them)."""
+"""``python -m lra.bench {attention,train,compile_breaks,profile,pinv,launches,plan} [options]`` (``--help`` on each subcommand lists them)."""
 
 from __future__ import annotations
 
 import argparse
 
-from lra.bench import attention, compile_breaks, launches, pinv, profile, train
+from lra.bench import attention, compile_breaks, launches, pinv, plan, profile, train
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
     for name, module in (("attention", attention), ("train", train), ("compile_breaks", compile_breaks),
-                         ("profile", profile), ("pinv", pinv), ("launches", launches)):
+                         ("profile", profile), ("pinv", pinv), ("launches", launches), ("plan", plan)):
         sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        if module not in (profile, pinv):  # profile takes one --variant, pinv none
+        if module not in (profile, pinv):  # profile names its own --variant list, pinv none
             sub.add_argument("--variants", nargs="+", default=None,
                              help="names of configs/attention/*.yaml (default: all); softmax is always included")
             sub.add_argument("--variant-overrides", nargs="*", default=["liza:base_window=256"],
@@ -22,8 +22,8 @@ def parser() -> argparse.ArgumentParser:
                              help="extra rows: a variant with its own config keys overridden, e.g. "
                                   "liza:base_window=256 (default); pass --variant-overrides with no value for none")
             sub.add_argument("--out", default=None, help="output folder (default: outputs/bench/<timestamp>/)")
-        if module is launches:  # counted on the meta device: no device, no threads
-            sub.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+        if module in (launches, plan):  # counted on the meta device: no device, no threads
+            sub.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16" if module is plan else "fp32",
                              help="the dtype of the attention's inputs (bf16: what autocast's projections give it)")
         else:
             sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

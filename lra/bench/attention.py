@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     device = common.resolve_device(args.device)
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
-    cases, skipped = build_cases(variants, args.level, max(args.n), args.batch, args.heads, args.head_dim, device)
+    cases, skipped = build_cases(variants, args.level, max(args.n), args.batch, args.heads, args.head_dim, device,
+                                 common.DTYPES[args.dtype])
     common.setup_process(args.threads)
     where = common.machine(device)
     print(f"[bench] {common.machine_line(where)}", flush=True)

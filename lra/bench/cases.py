@@ -4,8 +4,9 @@ Two levels, chosen per variant without naming any:
 
 * ``core`` — a drop-in variant (its config leaves ``cfg.model`` as the softmax baseline composes
   it): the attention module of ``lra.module.build_attention`` called as ``attn(q, k, v, key_mask)``
-  on ``(B, H, n, head_dim)`` tensors. This isolates the attention computation, as the CUR paper's
-  Fig. 4 benchmark does.
+  on ``(B, H, n, head_dim)`` tensors of the run's dtype (``--dtype bf16``: bf16 ``q, k, v``, as the bf16 model's
+  projections under autocast hand them to attention; fp32: float32). This isolates the attention computation, as
+  the CUR paper's Fig. 4 benchmark does.
 * ``layer`` — a variant that swaps the model (Proxyformer's ``[P; X]`` prefix and injection, MEGA's
   EMA + gated block): the real model of ``lra.module.build_model`` with one layer, called as
   ``model.encode(ids, mask, aux_losses)`` (embedding -> block -> mean pooling), so the block gets
@@ -56,9 +57,13 @@ def flash_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torc
     return out.to(q.dtype)
 
 
-def qkv_inputs(batch: int, heads: int, head_dim: int, device: torch.device) -> Callable[[int], tuple]:
+def qkv_inputs(batch: int, heads: int, head_dim: int, device: torch.device,
+               dtype: torch.dtype = torch.float32) -> Callable[[int], tuple]:
+    """``q, k, v`` ``(batch, heads, n, head_dim)`` leaves of ``dtype`` (requiring grad) and a full key mask."""
+
     def make(n: int) -> tuple:
-        q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
         return q, k, v, torch.ones(batch, n, dtype=torch.bool, device=device)
 
     return make
@@ -72,10 +77,11 @@ def id_inputs(batch: int, vocab_size: int, device: torch.device) -> Callable[[in
     return make
 
 
-def core_case(variant: Variant, cfg: DictConfig, batch: int, heads: int, head_dim: int, device) -> Case:
+def core_case(variant: Variant, cfg: DictConfig, batch: int, heads: int, head_dim: int, device,
+              dtype: torch.dtype = torch.float32) -> Case:
     node = OmegaConf.create(OmegaConf.to_container(cfg.attention, resolve=True))
     module = build_attention(node, heads, head_dim).to(device).eval()
-    return Case(variant.label, "core", qkv_inputs(batch, heads, head_dim, device),
+    return Case(variant.label, "core", qkv_inputs(batch, heads, head_dim, device, dtype),
                 lambda q, k, v, mask: (module(q, k, v, mask), None), module, heads)
 
 
@@ -100,8 +106,9 @@ def layer_case(variant: Variant, cfg: DictConfig, baseline: DictConfig, batch: i
 
 
 def build_cases(variants: list[Variant], level: str, max_n: int, batch: int, heads: int, head_dim: int,
-                device: torch.device) -> tuple[list[Case], list[dict]]:
-    """Cases for ``variants`` (+ references and the layer-level baseline when needed) and skipped rows.
+                device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[list[Case], list[dict]]:
+    """Cases for ``variants`` (+ references and the layer-level baseline when needed) and skipped rows; core
+    cases get ``q, k, v`` of ``dtype`` (the run's: bf16 under ``--dtype bf16``).
 
     ``level`` is ``auto`` (core for drop-ins, layer otherwise) or ``layer`` (every variant as a layer).
     A variant that cannot be built here (e.g. FlashCUR without CUDA) becomes a skipped row with the reason.
@@ -119,14 +126,14 @@ def build_cases(variants: list[Variant], level: str, max_n: int, batch: int, hea
             if as_layer:
                 cases.append(layer_case(variant, cfg, baseline, batch, heads, head_dim, device))
             else:
-                cases.append(core_case(variant, cfg, batch, heads, head_dim, device))
+                cases.append(core_case(variant, cfg, batch, heads, head_dim, device, dtype))
         except (RuntimeError, ValueError) as error:
             skipped.append({"variant": variant.label, "level": "layer" if as_layer else "core", "status": "skipped",
                             "reason": str(error).splitlines()[0]})
     if level == "auto":
         if layer_needed:
             cases.insert(1, layer_case(Variant(BASELINE), copy.deepcopy(baseline), baseline, batch, heads, head_dim, device))
-        make = qkv_inputs(batch, heads, head_dim, device)
+        make = qkv_inputs(batch, heads, head_dim, device, dtype)
         if device.type == "cuda":
             cases.append(Case(FLASH, "core", make, lambda q, k, v, mask: (flash_sdpa(q, k, v, mask), None), heads=heads))
         else:

@@ -9,8 +9,8 @@ records the arguments its attention module (the config's ``_target_``) is called
 runs forward and backward (``torch.autograd.grad`` of its output, in eval mode) under :class:`LaunchCounter`.
 On ``meta`` the code takes the branches it takes on CUDA (the CPU kernels run for CPU tensors only).
 
-What counts as a launch (:class:`LaunchCounter`): every ATen operator dispatched that is neither a view nor an
-allocation (:data:`NOT_LAUNCHES`); a custom operator (``torch.library``: the Triton kernels of FlashCUR, of
+What counts as a launch (:class:`LaunchCounter`): every ATen operator dispatched that writes a tensor and is neither
+a view nor an allocation (:data:`NOT_LAUNCHES`); a custom operator (``torch.library``: the Triton kernels of FlashCUR, of
 Nyström's landmarks and of the pseudo-inverse) counts once however many kernels it launches inside. (FlashL1 is
 an autograd Function that launches Triton directly, which ``meta`` cannot run: ``l1`` counts its PyTorch path.) ``F.scaled_dot_product_attention`` runs as CUDA runs it with a mask or
 in float32 (:class:`CudaAttention`): a boolean mask becomes an additive one (one ``where``), then the
@@ -76,12 +76,14 @@ class LaunchCounter(TorchDispatchMode):
         self.ops: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not (func.is_view or func.overloadpacket in NOT_LAUNCHES):
+        out = func(*args, **(kwargs or {}))
+        writes = isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in out))
+        if writes and not (func.is_view or func.overloadpacket in NOT_LAUNCHES):  # promote_types & co. return no tensor
             self.counts[self.phase] += 1
             self.counts["pinv"] += in_pinv()
             name = func.overloadpacket.__name__
             self.ops[name if func.namespace == "aten" else f"{func.namespace}::{name}"] += 1
-        return func(*args, **(kwargs or {}))
+        return out
 
 
 def efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

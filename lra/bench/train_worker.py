@@ -2,7 +2,9 @@
 
 ``SPEC`` holds ``overrides`` (Hydra, selecting task, length and attention), ``n``, ``batch``,
 ``steps``, ``warmup``, ``device``, ``dtype``, ``threads`` and ``result`` (where the JSON result goes). The
-process builds the real model (``lra.module.build_model``) and AdamW (``cfg.optimizer``), then:
+process sets up as ``lra.train`` does (on CUDA: TF32 float32 products, :func:`lra.gpu_setup.fast_float32_matmuls`),
+builds the real model (``lra.module.build_model``) and AdamW (``cfg.optimizer``, fused on CUDA as training builds
+it: :func:`lra.module.optimizers_per_step`), then:
 
 1. the FLOPs of one training step (forward and backward, eager: :func:`lra.bench.common.count_flops`);
    with ``model.compile=true`` in the overrides the model is compiled after this
@@ -16,7 +18,8 @@ process builds the real model (``lra.module.build_model``) and AdamW (``cfg.opti
    anew) then ``steps`` timed forwards.
 
 Memory: ``state_bytes`` = parameters + gradients + optimizer state; on CUDA ``peak_mem_bytes`` is
-``max_memory_allocated`` over the timed steps, on CPU it is ``saved_bytes + state_bytes``;
+``max_memory_allocated`` over the warm-up and timed steps (:func:`timed_steps`: the peak is reset after the first
+step, so compilation's own allocations stay out), on CPU it is ``saved_bytes + state_bytes``;
 ``rss_peak_bytes`` is the process's peak resident set (``VmHWM``), ``rss_delta_bytes`` that peak
 minus the resident set after imports. A fresh process per (variant, n) keeps allocator caches of
 one measurement out of the next.
@@ -36,7 +39,8 @@ from torch import nn
 
 from lra.bench import common
 from lra.config import compose_config
-from lra.module import build_model, compile_in_place, compile_setting
+from lra.gpu_setup import fast_float32_matmuls
+from lra.module import build_model, compile_in_place, compile_setting, optimizers_per_step
 
 
 def proc_status(key: str) -> int | None:
@@ -76,14 +80,31 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def timed_steps(train_step, device: torch.device, warmup: int, steps: int) -> tuple[float, int | None]:
+    """Median seconds of ``steps`` timed ``train_step()`` calls after ``warmup`` untimed ones, and on CUDA the peak
+    memory allocated over all of them (None elsewhere).
+
+    The peak is reset before the warm-up, not after it: a compiled model (``mode="reduce-overhead"``) records its
+    CUDA graphs in the steps after the compiling one, its activations allocated then from the graphs' pool, and
+    a replay allocates nothing, so a peak taken over replays only is the parameters' and AdamW's memory (every
+    compiled row read 6.6 MiB on the H200 at 380b043, when the reset came after the warm-up). Eager steps allocate
+    the same each step: the window changes nothing for them."""
+    if device.type == "cuda":
+        common.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    step_s = common.median_seconds(train_step, device, warmup, steps)
+    return step_s, int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+
+
 def measure(spec: dict) -> dict:
     device = torch.device(spec["device"])
     common.setup_process(spec["threads"])
+    fast_float32_matmuls(device.type)
     rss_start = proc_status("VmRSS")
     reset_peak_rss()
     cfg = compose_config(spec["overrides"])
     model = build_model(cfg).to(device).train()
-    optimizer = instantiate(cfg.optimizer)(params=model.parameters())
+    optimizer = optimizers_per_step(instantiate(cfg.optimizer), None, model.parameters())["optimizer"]
     shape = (spec["batch"], *documents_shape(model), spec["n"])
     ids = torch.randint(0, cfg.task.vocab_size, shape, device=device)
     mask = torch.ones(shape, dtype=torch.bool, device=device)
@@ -113,12 +134,7 @@ def measure(spec: dict) -> dict:
     common.synchronize(device)
     first_step_s = time.perf_counter() - started
     del loss
-    for _ in range(spec["warmup"]):
-        train_step()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    step_s = common.median_seconds(train_step, device, 0, spec["steps"])
-    cuda_peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    step_s, cuda_peak = timed_steps(train_step, device, spec["warmup"], spec["steps"])
     state = state_bytes(model, optimizer)
     model.eval()
 

@@ -41,7 +41,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lra.tasks.files import atomic_write, building
+from lra.tasks.files import atomic_write, building, remove_partial_writes
 from lra.tasks.resume import EpochSampler, ResumableLoader, rng_states, set_rng_states
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,34 @@ class TokenizedSplit:
         return len(self.labels)
 
 
+def first_bad_example(data: TokenizedSplit, num_classes: int | None, vocab_size: int | None,
+                      rows: int = 4096) -> tuple[int, str] | None:
+    """``(index, what is wrong)`` of the first example with no tokens (a document of length 0), a label outside
+    ``[0, num_classes)`` or a token id outside ``[0, vocab_size)``; None when every example is fine. Vectorised,
+    ``rows`` examples at a time: O(N·L) time, O(rows·L) memory."""
+    found = []
+    lengths = data.lengths.view(len(data), -1)
+    if bool((lengths < 1).any()):
+        found.append((int((lengths < 1).any(1).nonzero()[0]), "it holds no tokens"))
+    if num_classes is not None:
+        outside = (data.labels < 0) | (data.labels >= num_classes)
+        if bool(outside.any()):
+            index = int(outside.nonzero()[0])
+            found.append((index, f"label {int(data.labels[index])} outside 0..{num_classes - 1} (task.num_classes)"))
+    if vocab_size is not None:
+        for start in range(0, len(data), rows):
+            chunk = data.ids[start : start + rows].reshape(min(rows, len(data) - start), -1)
+            if int(chunk.min()) >= 0 and int(chunk.max()) < vocab_size:  # two reductions: the common case
+                continue
+            outside = ((chunk < 0) | (chunk >= vocab_size)).any(1)
+            if bool(outside.any()):
+                index = start + int(outside.nonzero()[0])
+                token = data.ids[index].flatten()[((data.ids[index].flatten() < 0) | (data.ids[index].flatten() >= vocab_size))]
+                found.append((index, f"token id {int(token[0])} outside 0..{vocab_size - 1} (task.vocab_size)"))
+                break
+    return min(found) if found else None
+
+
 class SplitDataset(Dataset):
     def __init__(self, split: TokenizedSplit):
         self.split = split
@@ -113,6 +141,8 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
 
     task_name: str = "task"
     shortcut: str | None = None  # the task's known shortcut, scored by shortcut_accuracies (None: none known)
+    num_classes: int | None = None  # labels lie in [0, num_classes) (task.num_classes); None: not checked
+    vocab_size: int | None = None  # token ids lie in [0, vocab_size) (task.vocab_size); None: not checked
 
     def __init__(self, data_dir: str, max_length: int, batch_size: int, cache_dir: str | None, num_workers: int = 0,
                  group_by_length: bool = False, pad_multiple: int | None = None):
@@ -166,6 +196,15 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         """Where ``split`` is read from, for error messages (override with the file's name)."""
         return str(self.data_dir)
 
+    def first_bad_task_example(self, data: TokenizedSplit) -> tuple[int, str] | None:
+        """``(index, what is wrong)`` of the first example this task cannot take beyond :func:`first_bad_example`'s
+        checks (vectorised, O(N·L)), or None; none here."""
+        return None
+
+    def example_source(self, split: str, index: int) -> str:
+        """Where example ``index`` of ``split`` was read, for error messages (override with ``file:line``)."""
+        return f"{self.split_source(split)} (example {index + 1} of the {split} split)"
+
     def train_dataset(self) -> Dataset:
         """What the train loader draws from: the train split as it is (ListOps may augment it, an :class:`EpochDataset`)."""
         return SplitDataset(self.splits["train"])
@@ -202,19 +241,29 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
             with building(path, f"building the cache {path}"):
                 data = self.read_cache(path, settings)  # built by the process we waited for
                 if data is None:
+                    remove_partial_writes(path.parent, path.name)  # of a build killed mid-write (we hold its lock)
                     data = self.checked(split, self.read_split(split))
                     payload = {"settings": settings, "ids": data.ids, "lengths": data.lengths, "labels": data.labels}
                     atomic_write(path, lambda tmp: torch.save(payload, tmp))
         return self.checked(split, data)
 
     def checked(self, split: str, data: TokenizedSplit) -> TokenizedSplit:
-        """``data``, unless it is empty: an empty split would train on nothing or report ``val_acc_best: -inf``."""
+        """``data``, unless it is empty (an empty split would train on nothing or report ``val_acc_best: -inf``) or
+        holds an example the model cannot take (:func:`first_bad_example`): then the first one is named with where it
+        was read (:meth:`example_source`), before any training step."""
         if len(data) == 0:
             raise ValueError(
                 f"{self.task_name}: the {split} split is empty (no examples read from {self.split_source(split)}); "
                 "the data is incomplete or truncated: re-download or regenerate it (see data/README.md), "
                 "or point task.data_dir at a complete copy"
             )
+        found = [first_bad_example(data, self.num_classes, self.vocab_size), self.first_bad_task_example(data)]
+        bad = min((item for item in found if item is not None), default=None)
+        if bad is not None:
+            index, problem = bad
+            raise ValueError(f"{self.example_source(split, index)}: not a {self.task_name} example: {problem}; the data "
+                             "is damaged or not this task's: re-download or regenerate it (see data/README.md), or "
+                             "point task.data_dir at the task's data")
         return data
 
     def prepare_data(self) -> None:

@@ -67,6 +67,15 @@ def atomic_write(path: Path, write) -> None:
         os.close(directory)
 
 
+def record_line(path: Path, index: int, header_lines: int = 0) -> int | None:
+    """The line number (from 1) of the ``index``-th record of a text file of one record per non-blank line after
+    ``header_lines`` lines, or None past its end: where a reader's example came from, for an error message (a
+    scan of the file, run only then)."""
+    with Path(path).open("rb") as handle:
+        records = (number for number, line in enumerate(handle, start=1) if number > header_lines and line.strip())
+        return next((number for k, number in enumerate(records) if k == index), None)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
@@ -86,6 +95,33 @@ def locked(path: Path, waiting_for: str) -> FileLock:
             waiting = True
         except FileNotFoundError:  # the folder was removed between the mkdir and the lock: make it again
             continue
+
+
+@contextmanager
+def transient_lock(path: Path, waiting_for: str) -> Iterator[None]:
+    """Hold :func:`locked` ``path`` while the body runs, and remove the lock file before releasing it (while held:
+    nobody else holds it), so a lock beside what it guards (a data dir being generated) leaves no file there. A
+    process waiting on it meanwhile takes over a new lock file (filelock retries when the file it locked was
+    unlinked)."""
+    with locked(path, waiting_for):
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def remove_partial_writes(folder: Path, name: str = "*") -> list[Path]:
+    """Remove the temporary files :func:`atomic_write` leaves in ``folder`` when its process is killed mid-write
+    (``.<name>.<random>.tmp``; only those of ``name`` when given); returns them. Call it only where no other
+    process can be writing (a run dir this process owns, a cache target whose lock it holds)."""
+    removed = []
+    for path in Path(folder).glob(f".{name}.*.tmp"):
+        try:
+            path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 @contextmanager

@@ -52,6 +52,10 @@ def read_pickles(root: Path, names: tuple[str, ...]) -> tuple[np.ndarray, np.nda
             ) from error
         if data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(batch_labels):
             raise ValueError(f"{path}: expected data (N, 3072) and N labels, found {data.shape} and {len(batch_labels)}")
+        outside = np.flatnonzero((batch_labels < 0) | (batch_labels > 9))
+        if len(outside):
+            raise ValueError(f"{path}: image {outside[0] + 1} has label {batch_labels[outside[0]]}, outside CIFAR-10's 0..9; "
+                             "re-download it with 'python -m lra.data download cifar10' (see data/README.md)")
         # rows hold the R, G, B planes of 32x32 pixels one after another
         pixels.append(grayscale(data.reshape(-1, 3, 1024).transpose(0, 2, 1)))
         labels.append(batch_labels)
@@ -69,6 +73,7 @@ class ImageDataModule(CachedDataModule):
     """CIFAR-10 grayscale pixel sequences; val is the last 10% of train."""
 
     task_name = "image"
+    num_classes, vocab_size = 10, 256
 
     def __init__(self, *args, source: str = "auto", tfds_data_dir: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
-from lra.tasks.files import atomic_write_text, file_fingerprint, locked
+from lra.tasks.files import atomic_write_text, file_fingerprint, record_line, transient_lock
 from lra.tasks.generated import GenerationRefused, Manifest, digest, foreign_file
 
 log = logging.getLogger(__name__)
@@ -191,9 +191,26 @@ def first_operator_cue(splits: Mapping[str, TokenizedSplit]) -> dict[str, float]
     return scores
 
 
+UNKNOWN_ID = TOKEN_IDS["<unk>"]
+OPERATOR_IDS = frozenset(TOKEN_IDS[op] for op in OPERATORS)
+assert max(OPERATOR_IDS) - min(OPERATOR_IDS) == len(OPERATORS) - 1, "the operators' ids must be consecutive"
+
+
+def example_problem(ids: list[int], source: str) -> str | None:
+    """What makes a tokenised source no ListOps expression (a token outside the vocabulary, no operator), or None.
+    O(length): two scans at C speed, run once per example when the data is read."""
+    if UNKNOWN_ID in ids:
+        token = next(t for t in source.replace("]", "X").replace("(", " ").replace(")", " ").split() if t not in TOKEN_IDS)
+        return f"{token!r} is not a ListOps token (the tokens: {' '.join(VOCAB[2:-1])} ] ( ))"
+    if OPERATOR_IDS.isdisjoint(ids):
+        return f"no operator ({', '.join(OPERATORS)})"
+    return None
+
+
 def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
-    """Parse an official ListOps TSV; a malformed or non-UTF-8 line raises with ``file:line``; blank lines are
-    skipped and counted in a warning."""
+    """Parse an official ListOps TSV; a malformed or non-UTF-8 line, a token outside the vocabulary or a source
+    without an operator (:func:`example_problem`) raises with ``file:line``; blank lines are skipped and counted
+    in a warning."""
     sequences, labels, blank = [], [], []
     if path.stat().st_size == 0:
         raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found an empty file")
@@ -218,7 +235,13 @@ def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
                     f"{path}:{number}: expected 'Source<TAB>Target' with a target digit 0-9, found {line[:80]!r}; "
                     "regenerate the file with 'python -m lra.tasks.listops generate' or re-download the LRA release"
                 )
-            sequences.append(tokenize(fields[0]))
+            ids = tokenize(fields[0])
+            problem = example_problem(ids, fields[0])
+            if problem:
+                raise ValueError(f"{path}:{number}: not a ListOps example: {problem}, found {line[:80]!r}; the file is "
+                                 "not ListOps data: regenerate it with 'python -m lra.tasks.listops generate' or "
+                                 "re-download the LRA release (see data/README.md)")
+            sequences.append(ids)
             labels.append(int(fields[1]))
     if blank:
         log.warning("%s: skipped %d blank line(s) (line %s)", path, len(blank), ", ".join(map(str, blank[:10])) +
@@ -236,6 +259,7 @@ class ListOpsDataModule(CachedDataModule):
 
     task_name = "listops"
     shortcut = FIRST_OPERATOR_CUE
+    num_classes, vocab_size = 10, len(VOCAB)
 
     def __init__(self, *args, generate: dict | None = None, augment: str | None = None, augmentations: dict | None = None,
                  **kwargs):
@@ -266,6 +290,27 @@ class ListOpsDataModule(CachedDataModule):
     def split_source(self, split: str) -> str:
         return str({**self.paths(), INDEPENDENT_TEST: self.independent_test_path()}[split])
 
+    def first_bad_task_example(self, data: TokenizedSplit) -> tuple[int, str] | None:
+        """The first example holding ``<unk>`` or no operator (a cache built before :func:`read_tsv` checked each
+        line), :data:`ROWS_PER_CHUNK` rows at a time."""
+        first, last = min(OPERATOR_IDS), max(OPERATOR_IDS)  # the operators' ids are consecutive (VOCAB)
+        for start in range(0, len(data), ROWS_PER_CHUNK):
+            chunk = data.ids[start : start + ROWS_PER_CHUNK]
+            unknown = torch.zeros(len(chunk), dtype=torch.bool)
+            if bool((chunk == UNKNOWN_ID).any()):
+                unknown = (chunk == UNKNOWN_ID).any(1)
+            no_operator = (chunk[:, 0] < first) | (chunk[:, 0] > last)  # an expression starts with its root operator;
+            if bool(no_operator.any()):  # where not (rare), one is looked for in the whole row
+                no_operator &= ~((chunk >= first) & (chunk <= last)).any(1)
+            if bool((unknown | no_operator).any()):
+                index = int((unknown | no_operator).nonzero()[0])
+                return start + index, "a token that is not ListOps'" if unknown[index] else "no operator"
+        return None
+
+    def example_source(self, split: str, index: int) -> str:
+        path = Path(self.split_source(split))
+        return f"{path}:{record_line(path, index, header_lines=1)}"
+
     def missing(self) -> list[str]:
         return [str(path) for path in self.paths().values() if not path.exists()]
 
@@ -285,8 +330,9 @@ class ListOpsDataModule(CachedDataModule):
             state = "is empty" if self.data_dir.exists() else "does not exist"
             print(f"[lra] note: task.data_dir={self.data_dir} {state}: generating a synthetic ListOps set there "
                   f"({', '.join(f'{split} {count}' for split, count in sizes.items())}; seed {settings.get('seed')})", flush=True)
-        # parallel runs on a fresh clone: one generates, the others wait and then find the files
-        with locked(self.data_dir.parent / f".{self.data_dir.name}.generate.lock", f"generating {self.data_dir}"):
+        # parallel runs on a fresh clone: one generates, the others wait and then find the files; the lock file
+        # beside the data dir (which must be empty or absent to generate into) is removed when done
+        with transient_lock(self.data_dir.parent / f".{self.data_dir.name}.generate.lock", f"generating {self.data_dir}"):
             if self.missing():
                 try:
                     generate(self.data_dir, sizes, **settings)
@@ -306,7 +352,15 @@ class ListOpsDataModule(CachedDataModule):
         return self.augmentation.dataset(self.splits["train"], self.shuffle_seed, self.split_source("train"))
 
     def read_split(self, split: str) -> TokenizedSplit:
-        sequences, labels = read_tsv(Path(self.split_source(split)))
+        """The split's examples (each checked: :func:`read_tsv`), cut to ``task.max_length`` tokens; a note names
+        how many are longer and the first of them (a cut expression may no longer determine its label)."""
+        path = Path(self.split_source(split))
+        sequences, labels = read_tsv(path)
+        longer = [index for index, ids in enumerate(sequences) if len(ids) > self.max_length]
+        if longer:
+            print(f"[lra] note: {len(longer)} of {len(sequences)} examples of {path} are longer than task.max_length="
+                  f"{self.max_length} tokens and are cut to it (the first: line {record_line(path, longer[0], 1)}, "
+                  f"{len(sequences[longer[0]])} tokens)", flush=True)
         return TokenizedSplit.from_sequences(sequences, labels, self.max_length)
 
     def shortcut_accuracies(self) -> dict[str, float]:

@@ -134,6 +134,12 @@ class PathfinderDataModule(CachedDataModule):
     """Pathfinder / Path-X images from the release layout, split 80/10/10 by ``seed``."""
 
     task_name = "pathfinder"
+    num_classes, vocab_size = 2, 256
+
+    def example_source(self, split: str, index: int) -> str:
+        if self.listing is None:
+            return super().example_source(split, index)
+        return str(self.listing.images[split_indices(len(self.listing.images), self.seed)[split][index]])
 
     def __init__(self, *args, resolution: int = 32, seed: int = 0, **kwargs):
         super().__init__(*args, **kwargs)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from lra.tasks.base import CachedDataModule, TokenizedSplit
-from lra.tasks.files import file_fingerprint
+from lra.tasks.files import file_fingerprint, record_line
 from lra.tasks.text import BYTE_OFFSET, byte_ids
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
@@ -45,6 +45,9 @@ def read_tsv(path: Path, max_length: int) -> tuple[list[tuple[np.ndarray, np.nda
                     f"{path}:{number}: the label column must be 0 or 1 (as '0.0'/'1.0'), found {fields[0][:20]!r}; "
                     "re-download the LRA release (see data/README.md)"
                 )
+            if not fields[3].strip() or not fields[4].strip():
+                raise ValueError(f"{path}:{number}: document {'text1' if not fields[3].strip() else 'text2'} is empty; "
+                                 "the file is damaged: re-download the LRA release (see data/README.md)")
             pairs.append((byte_ids(fields[3], max_length), byte_ids(fields[4], max_length)))
             labels.append(label)
     return pairs, labels
@@ -54,6 +57,11 @@ class RetrievalDataModule(CachedDataModule):
     """AAN document pairs from ``data_dir/new_aan_pairs.{train,eval,test}.tsv`` (``eval`` is our ``val``)."""
 
     task_name = "retrieval"
+    num_classes, vocab_size = 2, 256 + BYTE_OFFSET
+
+    def example_source(self, split: str, index: int) -> str:
+        path = self.paths()[split]
+        return f"{path}:{record_line(path, index)}"
 
     def paths(self) -> dict[str, Path]:
         return {split: self.data_dir / name for split, name in FILES.items()}

@@ -58,7 +58,12 @@ def read_folder(root: Path, split: str, max_length: int) -> tuple[list[np.ndarra
             f"no reviews in {root / split}/{{neg,pos}}/*.txt: the aclImdb folder is incomplete; "
             "re-download it with 'python -m lra.data download imdb' (see data/README.md)"
         )
-    return [byte_ids(path.read_bytes(), max_length) for path, _ in files], [label for _, label in files]
+    docs = [byte_ids(path.read_bytes(), max_length) for path, _ in files]
+    empty = next((path for (path, _), doc in zip(files, docs) if len(doc) == 0), None)
+    if empty is not None:
+        raise ValueError(f"{empty}: an empty review (0 bytes): the aclImdb copy is damaged; re-download it "
+                         "('scripts/download_lra.sh imdb', see data/README.md)")
+    return docs, [label for _, label in files]
 
 
 def read_tfds(split: str, max_length: int, tfds_data_dir: str | None) -> tuple[list[np.ndarray], list[int]]:
@@ -75,6 +80,7 @@ class TextDataModule(CachedDataModule):
     """IMDB at byte level; ``val`` is IMDB test unless ``val_split`` holds out part of train."""
 
     task_name = "text"
+    num_classes, vocab_size = len(LABELS), 256 + BYTE_OFFSET
 
     def __init__(self, *args, source: str = "auto", val_split: float | None = None, seed: int = 0,
                  tfds_data_dir: str | None = None, **kwargs):
