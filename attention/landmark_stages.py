@@ -14,17 +14,19 @@ attention kernel: a general attention kernel given 64 queries or 64 keys runs ``
 * GEMMs whose output is ``n × ·`` (scores, ``Y``, ``dV``, ``dQ``, ``dK``) have ``B·H·n/128`` tiles;
 * GEMMs that *reduce* over ``n`` (``R V``, and in the backward ``dQ_m``, ``dK_m``, ``dW``) are split-K by hand:
   ``n = c·L`` is viewed as ``c`` chunks (a free view of a ``(B, H, n, ·)`` tensor), one batched GEMM over
-  ``(B, H, c)`` gives ``c`` float32 partials, a sum over ``c`` merges them. ``c`` (:func:`chunks`) is the
+  ``(B, H, c)`` gives ``c`` partials, a float32 sum over ``c`` merges them. ``c`` (:func:`chunks`) is the
   smallest divisor of ``n`` that makes ``B·H·c ≥`` :data:`TWO_WAVES` programs;
 * softmaxes and reductions over ``n`` are ATen's, which split the reduced dimension across blocks.
 
 ``rows_attention`` normalises after its product (``R V = (E V) / l`` with ``E = exp(S − max)``, ``l = Σ_n E``:
 flash attention's order); its backward needs no row sum over ``n`` (``Σ_j P_ji dP_ji = dRV_i · RV_i``). Neither
 stage keeps its ``n × m`` weights for the backward: both save their operands and per-row statistics and recompute
-the weights (as SDPA does), so a layer holds what SDPA's would between forward and backward. Precision: scores and weights in the inputs' dtype (bf16: a score
-rounds to 2⁻⁸ relative, so the weights carry about that relative error; a split-K GEMM's partials too), every
-sum and every ``m``-sized result (``R V``, ``dW``, ``dQ_m``, ``dK_m``, :func:`core_weights`) in float32; float32 and float64 inputs stay what they are (the exactness
-tests). Masked positions get ``finfo(dtype).min / 2`` (finite: a row without keys stays finite).
+the weights (as SDPA does), so a layer holds what SDPA's would between forward and backward.
+
+Precision: scores, weights and split-K partials in the inputs' dtype (bf16: each rounds to 2⁻⁸ relative), every
+sum and every ``m``-sized result (``R V``, ``dW``, ``dQ_m``, ``dK_m``, :func:`core_weights`) in float32; float32 and
+float64 inputs stay what they are (the exactness tests). Masked positions get ``finfo(dtype).min / 2`` (finite: a
+row without keys stays finite).
 """
 
 from __future__ import annotations
@@ -56,9 +58,9 @@ def accumulator(dtype: torch.dtype) -> torch.dtype:
 
 
 def split_k(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``aᵀ b`` in float32 for ``a`` ``(B, H, n, p)``, ``b`` ``(B, H, n, q)`` (unit last stride, rows of stride ``p``
-    and ``q``: contiguous) -> ``(B, H, p, q)``: :func:`chunks` batched GEMMs of ``L = n / c`` rows each, then the
-    sum of their ``c`` partials."""
+    """``aᵀ b`` in float32 (float64 stays) for contiguous ``a`` ``(B, H, n, p)`` and ``b`` ``(B, H, n, q)`` ->
+    ``(B, H, p, q)``: :func:`chunks` batched GEMMs of ``L = n / c`` rows each (partials in the inputs' dtype), then
+    the float32 sum of their ``c`` partials."""
     batch, heads, n, p = a.shape
     c = chunks(n, batch * heads)
     parts = a.view(batch, heads, c, n // c, p).mT @ b.view(batch, heads, c, n // c, b.shape[-1])  # (B, H, c, p, q)
