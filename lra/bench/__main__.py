@@ -16,7 +16,8 @@ def parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         if module not in (profile, pinv):  # profile names its own --variant list, pinv none
             sub.add_argument("--variants", nargs="+", default=None,
-                             help="names of configs/attention/*.yaml (default: all); softmax is always included")
+                             help="names of configs/attention/*.yaml (default: all; plan: curformer flashcur "
+                                  "nystromformer); softmax is always included")
             sub.add_argument("--variant-overrides", nargs="*", default=["liza:base_window=256"],
                              metavar="NAME:KEY=VALUE",
                              help="extra rows: a variant with its own config keys overridden, e.g. "
