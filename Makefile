@@ -24,7 +24,7 @@ train: setup
 # line gives the time the suite took and the machine.
 test: setup
 	start=$$(date +%s); $(PYTHON) -m pytest -m "not slow" --durations=15; rc=$$?; \
-	echo "make test: $$(( $$(date +%s) - start )) s on $$(nproc) cores ($$($(PYTHON) -c 'import platform; print(platform.processor() or platform.machine())'))"; \
+	echo "make test: $$(( $$(date +%s) - start )) s on $$(nproc) cores of $$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //' || uname -m)"; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 # The numerics tests (float results against references), again under one ATen SIMD level: ATen's kernels
