@@ -36,8 +36,8 @@ import math
 import torch
 
 from attention import paths
-
-TWO_WAVES = 2 * 132  # programs that fill an H100/H200 (132 SMs) twice: the least an n-sized kernel launches
+from attention.paths import masked_value
+from kernels.common.launch import TWO_WAVES
 
 
 def chunks(n: int, batch_heads: int) -> int:
@@ -45,11 +45,6 @@ def chunks(n: int, batch_heads: int) -> int:
     ``batch_heads · c ≥`` :data:`TWO_WAVES` (``n`` itself if none; 1 when ``batch_heads`` alone fills the GPU)."""
     need = math.ceil(TWO_WAVES / batch_heads)
     return next((c for c in range(need, n + 1) if n % c == 0), n) if need > 1 else 1
-
-
-def masked_value(dtype: torch.dtype) -> float:
-    """The score of a masked position: half of ``dtype``'s lowest value (exp gives exactly 0 beside any score)."""
-    return torch.finfo(dtype).min / 2
 
 
 def accumulator(dtype: torch.dtype) -> torch.dtype:

@@ -25,7 +25,13 @@ def fused(x: torch.Tensor) -> bool:
     return FUSED_ON_CPU or x.device.type != "cpu"
 
 
-MASKED = torch.finfo(torch.float32).min / 2  # the additive mask of a masked key (exp gives exactly 0 beside any score)
+def masked_value(dtype: torch.dtype) -> float:
+    """The score of a masked position in ``dtype``: half its lowest value (exp gives exactly 0 beside any score, and a
+    row with no key to attend stays finite)."""
+    return torch.finfo(dtype).min / 2
+
+
+MASKED = masked_value(torch.float32)  # the additive mask of a masked key
 
 
 def masking_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

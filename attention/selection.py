@@ -23,9 +23,8 @@ positions, so indices stay distinct and shapes stay ``m'``. Slots on pad positio
 
 from __future__ import annotations
 
-from typing import Callable
-
 import math
+from typing import Callable
 
 import torch
 

@@ -19,6 +19,17 @@ def dense_softmax(q, k, v, allowed):
     return torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1) @ v
 
 
+def assert_matches_dense(out, ref, leaves):
+    """``out`` equals the float64 dense ``ref``, and so do their gradients with respect to ``leaves`` (of one random
+    projection of the output); returns ``out``'s gradients."""
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    probe = torch.randn_like(ref)
+    grads = torch.autograd.grad((out * probe).sum(), leaves)
+    for grad, expected in zip(grads, torch.autograd.grad((ref * probe).sum(), leaves)):
+        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    return grads
+
+
 def inputs(shape, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3)]
@@ -30,14 +41,8 @@ def test_rows_attention_is_masked_softmax_and_its_gradient(n):
     q_rows = q_rows[:, :, :5].detach().requires_grad_()
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[1, n // 2:] = False
-    out = landmark_stages.rows_attention(q_rows, k, v, mask)
-    ref = dense_softmax(q_rows, k, v, mask[:, None, None, :])
-    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    probe = torch.randn_like(ref)
-    grads = torch.autograd.grad((out * probe).sum(), (q_rows, k, v))
-    ref_grads = torch.autograd.grad((ref * probe).sum(), (q_rows, k, v))
-    for grad, expected in zip(grads, ref_grads):
-        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    grads = assert_matches_dense(landmark_stages.rows_attention(q_rows, k, v, mask),
+                                 dense_softmax(q_rows, k, v, mask[:, None, None, :]), (q_rows, k, v))
     assert grads[1][1, :, n // 2:].abs().max() == 0 and grads[2][1, :, n // 2:].abs().max() == 0  # pads get nothing
 
 
@@ -46,14 +51,8 @@ def test_columns_attention_is_masked_softmax_and_its_gradient():
     k_cols, w = (x[:, :, :6].detach().requires_grad_() for x in (k_cols, w))
     valid = torch.ones(2, 3, 6, dtype=torch.bool)
     valid[0, 1, 4:] = False
-    out = landmark_stages.columns_attention(q, k_cols, w, valid)
-    ref = dense_softmax(q, k_cols, w, valid[:, :, None, :])
-    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    probe = torch.randn_like(ref)
-    grads = torch.autograd.grad((out * probe).sum(), (q, k_cols, w))
-    ref_grads = torch.autograd.grad((ref * probe).sum(), (q, k_cols, w))
-    for grad, expected in zip(grads, ref_grads):
-        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    assert_matches_dense(landmark_stages.columns_attention(q, k_cols, w, valid),
+                         dense_softmax(q, k_cols, w, valid[:, :, None, :]), (q, k_cols, w))
 
 
 def test_chunks_fill_two_waves_with_a_divisor_of_n():

@@ -36,6 +36,8 @@ SHARED_MEMORY_LIMIT = {
 }
 MARGIN = 2_048  # bytes kept free below the limit for what the estimates do not count (barriers, reductions)
 MIN_DOT = 16  # smallest tl.dot operand dimension a GPU accepts
+SMS = 132  # streaming multiprocessors of an H100 / H200
+TWO_WAVES = 2 * SMS  # programs a kernel whose work grows with the sequence launches at least: it fills the GPU twice
 
 IN = "in"  # pointer to tensors of the input dtype (q, k, v, and the output / its gradient)
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.uint8: "u8", torch.int32: "i32"}

@@ -52,7 +52,7 @@ KERNELS = tuple(POINTER_TYPES)
 # Kernels whose programs each walk the n tokens (a block of m rows or keys against every token): their n
 # is split into S parts, a grid axis (:func:`splits`), and their m-sized results are per-split partials.
 SPLIT_KERNELS = ("_rv_fwd", "_rv_bwd_q", "_out_bwd_kw")
-TARGET_PROGRAMS = 264  # programs a split launch aims for: two waves on an H100 / H200 (132 SMs)
+TARGET_PROGRAMS = common.TWO_WAVES  # programs a split launch aims for: two waves on an H100 / H200
 
 
 def kernel_function(kernel: str):
@@ -114,9 +114,8 @@ KIND = {"_rv_fwd": "rows", "_rv_bwd_q": "rows", "_out_bwd_kw": "rows", "_u_fwd":
 # (tests/test_aot_compile.py): the estimate is within 1 KiB of, or above, Triton 3.9's allocation for
 # every kernel, dtype and shape on sm_80 and sm_90. Since bf16 / fp16 launches cast W, RV, dRV and the
 # probability tiles to the input dtype for their tensor-core dots (forward.mm_in), the float32 flag
-# over-counts those tiles there (2 bytes, not 4); kept, as the safe side: re-measured after the change (bf16 /
-# fp16, sm_80 / sm_90, every m and head dim, n 16 and 4096) the compiled allocation is 0.2–1.0× the estimate,
-# at most 512 B above it (_rv_bwd_kv), so no launch exceeds the limit the rule checks.
+# over-counts those tiles there (2 bytes, not 4); kept, as the safe side (the measured allocations against the
+# estimate: docs/flashcur.md, "Shared memory of the bf16 launches").
 _ND, _MD = ("BLOCK_N", "BLOCK_D"), ("BLOCK_M", "BLOCK_D")
 TILES = {
     "_rv_fwd": {"fixed": [(*_MD, False, False)], "loop": [(*_ND, False, False)] * 2, "scratch": [("BLOCK_M", "BLOCK_N", False, False)]},

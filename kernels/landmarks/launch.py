@@ -36,7 +36,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KERNELS = tuple(POINTER_TYPES)
 FLOAT_ARGS = ("masked",)
 MAX_TILE = 8192  # BLOCK_M · BLOCK_D of the forward's sums that compile without spills (module doc)
-TARGET_PROGRAMS = 264  # programs the forward aims for: two waves on an H100 / H200 (132 SMs)
+TARGET_PROGRAMS = common.TWO_WAVES  # programs the forward aims for: two waves on an H100 / H200
 MASK_BLOCK = 1024  # mask flags (bytes) the forward's counting passes read a step
 
 

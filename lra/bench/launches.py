@@ -53,6 +53,13 @@ NOT_LAUNCHES = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh, ate
 PINV_SOURCES = ("attention/pinv.py", "kernels/pinv/")  # where the pseudo-inverse's code lives (fused and PyTorch forms)
 
 
+def launches_kernel(func, out) -> bool:
+    """Whether the dispatched operator ``func``, which returned ``out``, launches a kernel: it writes a tensor
+    (``promote_types`` and its like return none) and is neither a view nor an allocation (:data:`NOT_LAUNCHES`)."""
+    writes = isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in out))
+    return writes and not (func.is_view or func.overloadpacket in NOT_LAUNCHES)
+
+
 def in_pinv() -> bool:
     """Whether the caller runs inside the pseudo-inverse (a frame of :data:`PINV_SOURCES` on the Python stack: its
     forward, and the backward of its autograd node or custom op)."""
@@ -77,8 +84,7 @@ class LaunchCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        writes = isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in out))
-        if writes and not (func.is_view or func.overloadpacket in NOT_LAUNCHES):  # promote_types & co. return no tensor
+        if launches_kernel(func, out):
             self.counts[self.phase] += 1
             self.counts["pinv"] += in_pinv()
             name = func.overloadpacket.__name__
@@ -152,26 +158,31 @@ def fresh(value, dtype: torch.dtype):
     return value
 
 
-def count(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype) -> LaunchCounter:
-    """The launches of ``module(*args, **kwargs)``'s forward and backward, after one uncounted warm-up call (what a
-    module caches, it makes once)."""
+def forward_backward(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype, mode):
+    """``module(*args, **kwargs)``'s forward and backward (``torch.autograd.grad`` of its output, floating arguments
+    as fresh leaves of ``dtype``) inside the dispatch mode ``mode``, whose ``phase`` turns to ``"backward"`` between
+    the two, after one warm-up call outside it (what a module caches, it makes once); returns ``mode``."""
     args = tuple(fresh(a, dtype) for a in args)
     kwargs = {key: fresh(value, dtype) for key, value in kwargs.items()}
     leaves = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
     leaves += [p for p in module.parameters() if p.requires_grad]
 
-    def step(counter: LaunchCounter | None):
+    def step(watched):
         with CudaAttention():
             out = module(*args, **kwargs)
-            grad = torch.empty_like(out)
-            if counter is not None:
-                counter.phase = "backward"
-            torch.autograd.grad(out, leaves, grad, allow_unused=True)
+            if watched is not None:
+                watched.phase = "backward"
+            torch.autograd.grad(out, leaves, torch.empty_like(out), allow_unused=True)
 
     step(None)
-    with LaunchCounter() as counter:
-        step(counter)
-    return counter
+    with mode:
+        step(mode)
+    return mode
+
+
+def count(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype) -> LaunchCounter:
+    """The launches of ``module(*args, **kwargs)``'s forward and backward (:func:`forward_backward`)."""
+    return forward_backward(module, args, kwargs, dtype, LaunchCounter())
 
 
 def measure(module, args, kwargs, dtype: torch.dtype) -> dict:

@@ -15,7 +15,7 @@ per-token score is one short wave whatever its grid, a pass over ``n × d`` or `
 Grids of ATen's CUDA kernels follow their launch rules, simplified to the fewest programs they may use (rules in
 :func:`aten_kernel`); H100/H200: 132 SMs. The rules the efficient variants must keep (:func:`violations`):
 
-1. no n-dependent kernel with fewer than :data:`attention.landmark_stages.TWO_WAVES` (264) programs;
+1. no n-dependent kernel with fewer than :data:`kernels.common.launch.TWO_WAVES` (264) programs;
 2. no attention kernel given 128 or fewer queries or keys;
 3. in a bf16 run, no n-dependent tensor in float32 beyond one value per token and head (per-row statistics, as
    flash attention's log-sum-exp).
@@ -34,13 +34,12 @@ import torch
 from torch._library import custom_ops
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attention.landmark_stages import TWO_WAVES
 from kernels.common import launch as triton_launch
+from kernels.common.launch import SMS, TWO_WAVES
 from lra.bench import common, launches
 
 aten = torch.ops.aten
 CAPABILITY = 90  # the Triton launches are computed as on sm_90 (H100/H200)
-SMS = 132
 GEMMS = {aten.mm, aten.bmm, aten.addmm, aten.baddbmm}
 SOFTMAXES = {aten._softmax, aten._softmax_backward_data, aten._log_softmax}
 REDUCTIONS = {aten.sum, aten.amax, aten.amin, aten.mean, aten.max, aten.min, aten.any, aten.all, aten.linalg_vector_norm,
@@ -156,8 +155,8 @@ def aten_kernel(func, args, kwargs, out, phase: str) -> Kernel:
 
 
 class PlanMode(TorchDispatchMode):
-    """Records a :class:`Kernel` for every operator dispatched inside the block that launches one (views and
-    allocations do not: :data:`lra.bench.launches.NOT_LAUNCHES`); a custom operator runs its real implementation on
+    """Records a :class:`Kernel` for every operator dispatched inside the block that launches one
+    (:func:`lra.bench.launches.launches_kernel`); a custom operator runs its real implementation on
     the ``meta`` tensors, whose Triton launches :func:`kernels.common.launch.recording` captures."""
 
     def __init__(self, recorded: list):
@@ -181,31 +180,16 @@ class PlanMode(TorchDispatchMode):
             del self.recorded[seen:]
             return out
         out = func(*args, **kwargs)
-        if _tensors([out]) and not (func.is_view or func.overloadpacket in launches.NOT_LAUNCHES):  # a kernel writes
+        if launches.launches_kernel(func, out):
             self.kernels.append(aten_kernel(func, args, kwargs, out, self.phase))
         return out
 
 
 def trace(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype) -> list[Kernel]:
-    """The kernels of ``module(*args, **kwargs)``'s forward and backward (after one unrecorded warm-up call)."""
-    args = tuple(launches.fresh(a, dtype) for a in args)
-    kwargs = {key: launches.fresh(value, dtype) for key, value in kwargs.items()}
-    leaves = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
-    leaves += [p for p in module.parameters() if p.requires_grad]
-
-    def step(mode: PlanMode | None):
-        with launches.CudaAttention():
-            out = module(*args, **kwargs)
-            if mode is not None:
-                mode.phase = "backward"
-            torch.autograd.grad(out, leaves, torch.empty_like(out), allow_unused=True)
-
+    """The kernels of ``module(*args, **kwargs)``'s forward and backward (:func:`lra.bench.launches.forward_backward`:
+    after one unrecorded warm-up call)."""
     with triton_launch.recording(CAPABILITY) as recorded:
-        step(None)
-        recorded.clear()
-        with PlanMode(recorded) as mode:
-            step(mode)
-    return mode.kernels
+        return launches.forward_backward(module, args, kwargs, dtype, PlanMode(recorded)).kernels
 
 
 def compare(kernels: list[Kernel], doubled: list[Kernel], per_token: int) -> list[Kernel]:
