@@ -1,17 +1,18 @@
-"""``python -m lra.bench {attention,train,compile_breaks,profile,pinv,launches,plan} [options]`` (``--help`` on each subcommand lists them)."""
+"""``python -m lra.bench {attention,train,compile_breaks,profile,pinv,launches,plan,fingerprint} [options]`` (``--help`` on each subcommand lists them)."""
 
 from __future__ import annotations
 
 import argparse
 
-from lra.bench import attention, compile_breaks, launches, pinv, plan, profile, train
+from lra.bench import attention, compile_breaks, fingerprint, launches, pinv, plan, profile, train
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
     for name, module in (("attention", attention), ("train", train), ("compile_breaks", compile_breaks),
-                         ("profile", profile), ("pinv", pinv), ("launches", launches), ("plan", plan)):
+                         ("profile", profile), ("pinv", pinv), ("launches", launches), ("plan", plan),
+                         ("fingerprint", fingerprint)):
         sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         if module not in (profile, pinv):  # profile names its own --variant list, pinv none
@@ -26,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
         if module in (launches, plan):  # counted on the meta device: no device, no threads
             sub.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16" if module is plan else "fp32",
                              help="the dtype of the attention's inputs (bf16: what autocast's projections give it)")
-        else:
+        elif module is not fingerprint:  # fingerprint: CPU float32, its own --threads
             sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
             sub.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (GPU users)")
             sub.add_argument("--threads", type=int, default=None,
