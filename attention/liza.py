@@ -9,7 +9,7 @@
   ``elu`` (:class:`attention.linear.EluLinearAttention`) or ``delta``
   (:class:`attention.linear.DeltaRuleAttention`, chunkwise delta rule, forward + reversed, averaged).
 * μ, "memory as gate" (MaG): by default a buffer ``memory_gate`` (a scalar, saved in checkpoints) that the
-  Lightning callback :class:`lra.callbacks.MemoryGateSchedule` ramps 0.01 → 0.5 over the first 100 steps
+  Lightning callback :class:`lra.runtime.callbacks.MemoryGateSchedule` ramps 0.01 → 0.5 over the first 100 steps
   (TPTT §4.2); without the callback it stays at ``mag``. With ``learned_gate: true`` μ is instead
   ``sigmoid(gate_logit)``, one learned logit per head initialised to ``logit(mag)`` (TPTT Alg. 1 step 5
   speaks of a learned gate); the callback then leaves the layer alone.

@@ -2,8 +2,8 @@
 
 ``python -m lra.evaluate ckpt_path=<ckpt> task=<t> [task.data_dir=D] [attention=<a>] [attention.*=...]``
 composes ``configs/evaluate.yaml`` (train.yaml plus ``ckpt_path``), builds the model with the attention
-and model settings stored in the checkpoint (:func:`lra.checkpoints.with_checkpoint_settings`; a group named on the
-command line replaces them, so ``attention=<a>`` transfers the weights to another attention), loads the checkpoint's weights (:func:`lra.checkpoints.load_transferred_weights`: strict
+and model settings stored in the checkpoint (:func:`lra.runtime.checkpoints.with_checkpoint_settings`; a group named on the
+command line replaces them, so ``attention=<a>`` transfers the weights to another attention), loads the checkpoint's weights (:func:`lra.runtime.checkpoints.load_transferred_weights`: strict
 on shared parameters, naming any skipped or freshly initialised one), tests it and writes
 ``<run dir>/results.json`` with ``test_acc`` (and ``independent_test_acc`` where the data holds it, and the
 task's shortcut on each tested split, ``shortcut_<split>_acc``),
@@ -12,7 +12,7 @@ This is CUR paper Table 3 (MEGA -> MegaCUR) and §8 (softmax ViT -> CUR) without
 fine-tuning, train with ``init_from=<ckpt>``. Run dirs go under ``outputs/evaluations/`` (not
 ``outputs/runs/``), so a report of training runs never mixes evaluations in. A ``ckpt_path`` that is no file (or
 none) is refused before a run dir is made (:func:`check_checkpoint`); any other failure ends in one
-``[lra] FAILED:`` line, its traceback in ``<run dir>/error.log`` (:func:`lra.run_end.failure`).
+``[lra] FAILED:`` line, its traceback in ``<run dir>/error.log`` (:func:`lra.runtime.run_end.failure`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
+from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.config import CONFIG_DIR
-from lra.config_groups import check_command_line, chosen_values
+from lra.runtime.config_groups import check_command_line, chosen_values
 from lra.module import build_module
-from lra.results import job_overrides, write_results
-from lra.run_end import failure
+from lra.runtime.results import job_overrides, write_results
+from lra.runtime.run_end import failure
 from lra.train import build_trainer, finish_wandb, test_accuracies, write_test_predictions
 
 
@@ -107,7 +107,7 @@ def check_checkpoint(argv: list[str] | None = None) -> None:
 
 def main() -> None:
     """``python -m lra.evaluate`` and ``lra-evaluate``: the command line checked first (config-group choices,
-    :mod:`lra.config_groups`; the checkpoint, :func:`check_checkpoint`), then Hydra runs :func:`hydra_main`."""
+    :mod:`lra.runtime.config_groups`; the checkpoint, :func:`check_checkpoint`), then Hydra runs :func:`hydra_main`."""
     check_command_line()
     check_checkpoint()
     hydra_main()

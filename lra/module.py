@@ -11,9 +11,9 @@ from torch import nn
 from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from lra.checkpoints import CHECKPOINT_SETTINGS
+from lra.runtime.checkpoints import CHECKPOINT_SETTINGS
 from lra.config_keys import check_keys
-from lra.stage_clock import StageClock
+from lra.runtime.stage_clock import StageClock
 
 
 class LRAModule(L.LightningModule):

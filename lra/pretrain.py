@@ -16,7 +16,7 @@ predicted, and stays padding (key-masked) in the input. Labels are never read. R
 
 The classifier's head is not part of this stage (replaced by ``nn.Identity``), so the checkpoints hold
 ``model.*`` (the encoder) and ``lm_head.*`` (the decoder): ``init_from=<run dir>/pretrain/encoder.ckpt``
-(:func:`lra.checkpoints.load_transferred_weights`) loads the encoder, skips the decoder and leaves the head at
+(:func:`lra.runtime.checkpoints.load_transferred_weights`) loads the encoder, skips the decoder and leaves the head at
 its initialisation.
 """
 
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lra.callbacks import LastCheckpoint
+from lra.runtime.callbacks import LastCheckpoint
 from lra.module import optimizers_per_step
-from lra.stage_clock import StageClock
+from lra.runtime.stage_clock import StageClock
 
 ENCODER_CHECKPOINT = "encoder.ckpt"  # <run dir>/pretrain/encoder.ckpt: written when the stage ends, marks it done
 # Callbacks of configs/callbacks/ that belong to the supervised stage (best-val checkpoint, validation, its
@@ -86,7 +86,7 @@ class PretrainModule(L.LightningModule):
     ``loss_curve`` lists ``[step, loss]`` every ``curve_every`` steps and at the last one (kept in checkpoints,
     written to ``results.json`` as ``pretrain_loss_curve``). ``settings`` as in :class:`lra.module.LRAModule`."""
 
-    stage_name = "pretrain"  # the progress bar's name (lra.progress)
+    stage_name = "pretrain"  # the progress bar's name (lra.runtime.progress)
 
     def __init__(self, model: nn.Module, vocab_size: int, mask_ratio: float, mask_id: int,
                  optimizer: Callable[..., torch.optim.Optimizer],
@@ -144,7 +144,7 @@ class PretrainModule(L.LightningModule):
 
 
 class PretrainCheckpoint(LastCheckpoint):
-    """:class:`lra.callbacks.LastCheckpoint` for a stage without validation: ``last.ckpt`` every ``every`` steps,
+    """:class:`lra.runtime.callbacks.LastCheckpoint` for a stage without validation: ``last.ckpt`` every ``every`` steps,
     at the end, and on SIGTERM or Ctrl-C (``interrupted-<step>.ckpt`` too)."""
 
     def __init__(self, dirpath: str, every: int):
@@ -162,7 +162,7 @@ def build_pretrain_module(cfg) -> PretrainModule:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from lra.checkpoints import CHECKPOINT_SETTINGS
+    from lra.runtime.checkpoints import CHECKPOINT_SETTINGS
     from lra.module import build_model
 
     node = cfg.pretrain
@@ -184,7 +184,7 @@ def pretrain_callbacks(cfg, stage_dir: Path) -> list[L.Callback]:
 
 def read_encoder_record(path: Path) -> dict:
     """What ``results.json`` records of a finished stage, from its ``encoder.ckpt``."""
-    from lra.checkpoints import read_checkpoint
+    from lra.runtime.checkpoints import read_checkpoint
 
     checkpoint = read_checkpoint(path)
     return {"pretrain_steps": checkpoint["global_step"], "pretrain_time_s": checkpoint.get("pretrain_time_s"),

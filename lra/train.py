@@ -2,16 +2,16 @@
 
 Composes ``configs/train.yaml``, builds the datamodule, model, callbacks, loggers and trainer from
 their ``_target_`` configs, fits (resuming from the newest checkpoint of ``<run dir>/checkpoints`` that
-loads; a command whose settings are not the run dir's recorded ones is refused first: :mod:`lra.run_dir`),
+loads; a command whose settings are not the run dir's recorded ones is refused first: :mod:`lra.runtime.run_dir`),
 tests the best-validation checkpoint and writes ``<run dir>/results.json`` (with ``train_examples`` and the task's
 shortcut on each evaluated split, ``shortcut_<split>_acc``: :meth:`lra.tasks.base.CachedDataModule.shortcut_record`). With ``pretrain.steps > 0`` a
 self-pretraining stage runs first in ``<run dir>/pretrain/`` (:func:`pretrain_stage`). A run dir that already
 holds a completed run is not trained again; a run dir another process is using is refused before anything is
-written there (:mod:`lra.run_lock`). In a multirun a failing job records ``status: failed`` and the sweep goes on;
+written there (:mod:`lra.runtime.run_lock`). In a multirun a failing job records ``status: failed`` and the sweep goes on;
 the sweep exits non-zero at the end. A failure prints ``[lra] FAILED: <error>`` last, its traceback going to
-``<run dir>/error.log`` (:mod:`lra.run_end`). SIGTERM (preemption) and SIGINT (Ctrl-C) record
+``<run dir>/error.log`` (:mod:`lra.runtime.run_end`). SIGTERM (preemption) and SIGINT (Ctrl-C) record
 ``status: interrupted`` with the step, stop the run (and a sweep) and exit 143 / 130; re-running resumes exactly
-(:mod:`lra.interrupts`).
+(:mod:`lra.runtime.interrupts`).
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lra.allocator import retain_freed_memory
-from lra.checkpoints import AtomicCheckpointIO, load_transferred_weights
+from lra.runtime.allocator import retain_freed_memory
+from lra.runtime.checkpoints import AtomicCheckpointIO, load_transferred_weights
 from lra.config import CONFIG_DIR
-from lra.config_groups import check_command_line
+from lra.runtime.config_groups import check_command_line
 from lra.config_keys import PROBABILITY_NODES, check_probabilities
-from lra.csv_logger import CSVRowsInCheckpoint, RunCSVLogger
-from lra.gpu_setup import setup_gpu_run
-from lra.hydra_callbacks import unfinished_jobs
-from lra.interrupts import STOP_SIGNALS, FinishValidation
+from lra.runtime.csv_logger import CSVRowsInCheckpoint, RunCSVLogger
+from lra.runtime.gpu_setup import setup_gpu_run
+from lra.runtime.hydra_callbacks import unfinished_jobs
+from lra.runtime.interrupts import STOP_SIGNALS, FinishValidation
 from lra.module import build_datamodule, build_module
 from lra.pretrain import ENCODER_CHECKPOINT, build_pretrain_module, pretrain_callbacks, read_encoder_record
 from lra.pretrain import validate as validate_pretrain
-from lra.run_dir import ResumeRefused, check_resume, claim, drop_unused_pretrain, resume_checkpoint, settings_differences
-from lra.run_end import failure, interruption
-from lra.run_lock import RunDirInUse, hold, release
-from lra.results import (git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
+from lra.runtime.run_dir import ResumeRefused, check_resume, claim, drop_unused_pretrain, resume_checkpoint, settings_differences
+from lra.runtime.run_end import failure, interruption
+from lra.runtime.run_lock import RunDirInUse, hold, release
+from lra.runtime.results import (git_commit, job_overrides, read_results, reset_peak_memory, write_predictions,
                          write_results)
-from lra.wandb_summary import active_run, run_config
+from lra.runtime.wandb_summary import active_run, run_config
 
 
 def is_int(value) -> bool:
@@ -102,7 +102,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, loggers: list | None = None, c
         callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values()]
     # a resumed run continues its metrics.csv from the rows its checkpoint records
     callbacks = [*callbacks, *(CSVRowsInCheckpoint(logger) for logger in loggers if isinstance(logger, RunCSVLogger))]
-    callbacks.append(FinishValidation())  # a SIGTERM / Ctrl-C during a validation stops after it (lra.interrupts)
+    callbacks.append(FinishValidation())  # a SIGTERM / Ctrl-C during a validation stops after it (lra.runtime.interrupts)
     plugins = [instantiate(node) for node in (cfg.trainer.get("plugins") or [])]
     if not any(hasattr(plugin, "save_checkpoint") for plugin in plugins):
         plugins.append(AtomicCheckpointIO())  # checkpoints are never left cut short under their final name
@@ -140,7 +140,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate_pretrain(cfg)
     note_exact_landmarks(cfg)
     retain_freed_memory()
-    setup_gpu_run(cfg)  # TF32 float32 products on a GPU (lra/gpu_setup.py)
+    setup_gpu_run(cfg)  # TF32 float32 products on a GPU (lra/runtime/gpu_setup.py)
     loggers = build_loggers(cfg)
     init_from, pretrained = cfg.get("init_from"), {}
     if cfg.pretrain.steps:
@@ -303,7 +303,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """``python -m lra.train`` and ``lra-train``: the command line's config-group choices checked first (an unknown
-    one is refused before anything is written: :mod:`lra.config_groups`), then Hydra runs :func:`hydra_main`."""
+    one is refused before anything is written: :mod:`lra.runtime.config_groups`), then Hydra runs :func:`hydra_main`."""
     check_command_line()
     hydra_main()
 

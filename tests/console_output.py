@@ -19,7 +19,7 @@ def other_lines(output: str) -> list[str]:
 
 
 def sweep_table(output: str, sweep_dir) -> tuple[str, list[dict[str, str]]]:
-    """The closing summary of a sweep (lra/sweep_console.py): its first line and its table's rows as dicts."""
+    """The closing summary of a sweep (lra/runtime/sweep_console.py): its first line and its table's rows as dicts."""
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"[lra] sweep {sweep_dir}: "))
     cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[start + 1:]

@@ -1,4 +1,4 @@
-"""`lra.allocator.retain_freed_memory`: with it, a 64 MiB tensor comes from the heap instead of its own ``mmap``
+"""`lra.runtime.allocator.retain_freed_memory`: with it, a 64 MiB tensor comes from the heap instead of its own ``mmap``
 (glibc's ``mallinfo2().hblks`` counts the mmapped blocks), so freeing it keeps the memory for the next one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 PROBE = """
 import ctypes, sys
 import torch
-from lra.allocator import retain_freed_memory
+from lra.runtime.allocator import retain_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

@@ -20,8 +20,8 @@ from lra.bench import compile_check, gpu_check
 from lra.bench.__main__ import main as bench
 from lra.module import build_datamodule, build_model, build_module, compile_in_place
 from lra.tasks.base import collate
-from lra.results import config_differences
-from lra.run_dir import settings_differences
+from lra.runtime.results import config_differences
+from lra.runtime.run_dir import settings_differences
 from tests.conftest import compose_config, run_cli
 
 INDUCTOR_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # no pool of compile workers on a 2-core machine

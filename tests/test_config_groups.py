@@ -1,4 +1,4 @@
-"""A config-group choice with no config is refused before anything runs (lra.config_groups), naming the closest."""
+"""A config-group choice with no config is refused before anything runs (lra.runtime.config_groups), naming the closest."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
-from lra.config_groups import group_options, unknown_choices
+from lra.runtime.config_groups import group_options, unknown_choices
 from tests.conftest import CONFIG_DIR, run_cli
 
 

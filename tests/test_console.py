@@ -1,5 +1,5 @@
 """What a run prints: one bar over its steps (also when resumed), one line per evaluation, quiet unless
-``verbose=true`` (lra/progress.py, lra/console.py, lra/wandb_logger.py). Sweeps: tests/test_sweeps.py."""
+``verbose=true`` (lra/runtime/progress.py, lra/runtime/console.py, lra/runtime/wandb_logger.py). Sweeps: tests/test_sweeps.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lra.progress import StepProgressBar
+from lra.runtime.progress import StepProgressBar
 from tests.conftest import run_cli
 from tests.console_output import bar_states, other_lines
 

@@ -1,4 +1,4 @@
-"""``logger=csv`` (lra.csv_logger): one metrics.csv per run dir, continued by a resumed run — the writer on its own,
+"""``logger=csv`` (lra.runtime.csv_logger): one metrics.csv per run dir, continued by a resumed run — the writer on its own,
 then a real run killed after its checkpoint and resumed, against the same run never stopped."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from lra.csv_logger import RunCSVLogger
+from lra.runtime.csv_logger import RunCSVLogger
 from tests.conftest import run_cli
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"

@@ -14,9 +14,9 @@ import yaml
 from lra.analysis.comparability import PUBLISHED
 from lra.analysis.dashboard import build_report, build_spec, build_views, published_rows, used_keys
 from lra.analysis.report import collect, group_runs
-from lra.interrupts import SIGTERM_EXIT_CODE
+from lra.runtime.interrupts import SIGTERM_EXIT_CODE
 from lra.tasks import listops
-from lra.wandb_summary import GROUP_KEYS, group_keys, summary_fields
+from lra.runtime.wandb_summary import GROUP_KEYS, group_keys, summary_fields
 from tests.conftest import REPO_ROOT, compose_config, run_cli
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"  # tests/faults.py; the fault is chosen by LRA_FAULT_*

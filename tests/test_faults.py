@@ -17,11 +17,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lra.checkpoints import AtomicCheckpointIO, DiskFull, read_checkpoint
-from lra.run_dir import settings_differences
+from lra.runtime.checkpoints import AtomicCheckpointIO, DiskFull, read_checkpoint
+from lra.runtime.run_dir import settings_differences
 from lra.tasks.files import atomic_write
 from lra.tasks.listops import HEADER, read_tsv
-from lra.interrupts import SIGTERM_EXIT_CODE
+from lra.runtime.interrupts import SIGTERM_EXIT_CODE
 from lra.train import note_exact_landmarks
 from tests.conftest import REPO_ROOT, compose_config, run_cli
 from tests.faults import full_disk_write
@@ -124,7 +124,7 @@ def test_a_real_full_disk_gives_the_same_message(tmp_path):
     """On a 64 kB tmpfs (a private mount namespace): torch.save of a 400 kB checkpoint fills it."""
     mount = tmp_path / "small_disk"
     mount.mkdir()
-    script = (f"import torch; from lra.checkpoints import AtomicCheckpointIO; "
+    script = (f"import torch; from lra.runtime.checkpoints import AtomicCheckpointIO; "
               f"AtomicCheckpointIO().save_checkpoint({{'weights': torch.zeros(100_000)}}, '{mount}/last.ckpt')")
     command = f"mount -t tmpfs -o size=64k none {mount} && {shlex.quote(sys.executable)} -c {shlex.quote(script)}"
     result = subprocess.run(["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, cwd=REPO_ROOT,
@@ -219,19 +219,19 @@ def test_a_full_disk_at_start_up_is_one_failed_line(tiny_listops_overrides, tmp_
 
 
 def test_a_run_recorded_with_lightnings_checkpoint_class_still_resumes():
-    """Runs recorded before the best checkpoint became lra.callbacks.RelocatableCheckpoint resume as before."""
+    """Runs recorded before the best checkpoint became lra.runtime.callbacks.RelocatableCheckpoint resume as before."""
     cfg = compose_config(["task=listops_small"], "/tmp/run")
     current = OmegaConf.to_container(cfg, resolve=False)
     old = OmegaConf.to_container(cfg, resolve=False)
     old["callbacks"]["checkpoint"]["_target_"] = "lightning.pytorch.callbacks.ModelCheckpoint"
-    assert current["callbacks"]["checkpoint"]["_target_"] == "lra.callbacks.RelocatableCheckpoint"
+    assert current["callbacks"]["checkpoint"]["_target_"] == "lra.runtime.callbacks.RelocatableCheckpoint"
     assert settings_differences(old, current) == []
     old["callbacks"]["checkpoint"]["mode"] = "min"
     assert settings_differences(old, current) == [("callbacks.checkpoint.mode", "min", "max")]
 
 
 def test_relocated_moves_only_the_paths_under_the_old_checkpoint_dir():
-    from lra.callbacks import relocated
+    from lra.runtime.callbacks import relocated
 
     state = {"dirpath": "/a/run/checkpoints", "best_model_path": "/a/run/checkpoints/best-4.ckpt", "kth_best_model_path": "",
              "last_model_path": "/a/run/checkpoints/last.ckpt", "best_k_models": {"/a/run/checkpoints/best-4.ckpt": 0.5},

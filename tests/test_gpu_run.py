@@ -1,5 +1,5 @@
 """A GPU training run is fast and quiet by default, checked without a GPU: DataLoader workers for ``trainer=gpu``
-(none for ``trainer=cpu``), TF32 float32 products for a GPU run (:mod:`lra.gpu_setup`), the fused AdamW on CUDA
+(none for ``trainer=cpu``), TF32 float32 products for a GPU run (:mod:`lra.runtime.gpu_setup`), the fused AdamW on CUDA
 parameters (:func:`lra.module.fused_option`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from lra.gpu_setup import fast_float32_matmuls, runs_on_gpu, setup_gpu_run
+from lra.runtime.gpu_setup import fast_float32_matmuls, runs_on_gpu, setup_gpu_run
 from lra.module import fused_option, optimizers_per_step
 from tests.conftest import compose_config
 

@@ -194,12 +194,12 @@ def test_an_unknown_augmentation_names_the_choices(tiny_listops, tmp_path):
 
 
 def test_a_run_recorded_before_the_augmentation_keys_still_matches_its_command():
-    """lra.results.ADDED_LATER(_DERIVED): a record that lacks task.augment, its choices, group_by_length and
+    """lra.runtime.results.ADDED_LATER(_DERIVED): a record that lacks task.augment, its choices, group_by_length and
     listops_small's default_dir resumes (run_dir) and counts as done (config_differences); another augment does not."""
     from omegaconf import OmegaConf
 
-    from lra.results import config_differences
-    from lra.run_dir import resolved, settings_differences
+    from lra.runtime.results import config_differences
+    from lra.runtime.run_dir import resolved, settings_differences
 
     cfg = compose_config(["task=listops_small"])
     for current in (resolved(cfg), OmegaConf.to_container(cfg, resolve=False)):

@@ -15,8 +15,8 @@ from attention.liza import LiZAAttention
 from attention.window import sliding_window_softmax
 from tests.conftest import compose_config, run_cli
 from tests.tolerances import tolerance
-from lra.callbacks import MemoryGateSchedule
-from lra.checkpoints import load_transferred_weights
+from lra.runtime.callbacks import MemoryGateSchedule
+from lra.runtime.checkpoints import load_transferred_weights
 from lra.module import build_model, build_module
 
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1"}  # the test machine's 2 cores are shared; avoid oversubscription

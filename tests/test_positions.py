@@ -89,7 +89,7 @@ def test_odd_head_size_is_a_clear_error():
 
 
 def test_settings_of_checkpoints_from_before_the_positions_group_are_upgraded(tmp_path):
-    from lra.checkpoints import training_settings
+    from lra.runtime.checkpoints import training_settings
 
     for flag, kind in [(True, "LearnedPositions"), (False, "NoPositions")]:
         path = tmp_path / f"{flag}.ckpt"

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lra.checkpoints import load_transferred_weights, read_checkpoint
-from lra.interrupts import SIGTERM_EXIT_CODE
+from lra.runtime.checkpoints import load_transferred_weights, read_checkpoint
+from lra.runtime.interrupts import SIGTERM_EXIT_CODE
 from lra.module import build_model
 from lra.pretrain import build_pretrain_module, mask_tokens, validate
-from lra.run_dir import RECORD, ResumeRefused, check_resume
+from lra.runtime.run_dir import RECORD, ResumeRefused, check_resume
 from tests.conftest import compose_config, run_cli
 from tests.console_output import bar_states
 
@@ -191,7 +191,7 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {run_dir / 'pretrain' / 'checkpoints'}" in resumed.stdout and "(step 3)" in resumed.stdout
-    # The stage's bar starts at the restored step of its 6 (lra.progress.StepProgressBar), then the supervised one
+    # The stage's bar starts at the restored step of its 6 (lra.runtime.progress.StepProgressBar), then the supervised one
     assert bar_states(resumed.stdout, "pretrain")[0] == (3, 6) and bar_states(resumed.stdout, "pretrain")[-1] == (6, 6)
     assert bar_states(resumed.stdout, "train")[0] == (0, 4) and bar_states(resumed.stdout, "train")[-1] == (4, 4)
     record = json.loads((run_dir / "results.json").read_text())

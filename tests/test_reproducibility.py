@@ -32,7 +32,7 @@ def test_same_seed_same_test_acc_and_weights(tiny_listops_overrides, tmp_path):
 
 def test_commit_is_read_once_per_process(monkeypatch):
     """A commit made while a run trains must not be recorded as the run's code: the first answer is kept."""
-    from lra import results
+    from lra.runtime import results
 
     results.git_commit.cache_clear()
     first = results.git_commit()

@@ -195,7 +195,7 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_pat
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {run_dir / 'checkpoints'}" in resumed.stdout and f"(step {resumed_from})" in resumed.stdout
     assert "not resumable" not in resumed.stderr
-    # The bar counts the run's steps from the restored one, across epochs (lra.progress.StepProgressBar)
+    # The bar counts the run's steps from the restored one, across epochs (lra.runtime.progress.StepProgressBar)
     states = bar_states(resumed.stdout, "train")
     assert states[0] == (resumed_from, 10) and states[-1] == (10, 10) and all(total == 10 for _, total in states)
     assert re.search(r"-[0-9.]+step/s", resumed.stdout) is None

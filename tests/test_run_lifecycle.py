@@ -25,7 +25,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from lra import REPO_ROOT
-from lra.interrupts import SIGTERM_EXIT_CODE, exit_code
+from lra.runtime.interrupts import SIGTERM_EXIT_CODE, exit_code
 from lra.train import validate
 from tests.conftest import CONFIG_DIR, compose_config, run_cli
 

@@ -1,4 +1,4 @@
-"""One process per run dir (``lra.run_lock``) — real training processes, a real ``fcntl`` lock.
+"""One process per run dir (``lra.runtime.run_lock``) — real training processes, a real ``fcntl`` lock.
 
 The owner is paused mid-training (``LRA_FAULT_SIGSTOP_AT``: alive, its dir held); a second process is refused,
 naming the owner's pid, command and the dir, before it writes anything there, ``.hydra/`` and Hydra's log

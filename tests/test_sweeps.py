@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from lra import REPO_ROOT
 from lra.analysis import report
-from lra.hydra_callbacks import missing_options
-from lra.sweep_console import summary
+from lra.runtime.hydra_callbacks import missing_options
+from lra.runtime.sweep_console import summary
 from tests.conftest import CONFIG_DIR, run_cli
 from tests.console_output import sweep_table
 
@@ -111,7 +111,7 @@ def test_experiment_config_composes(experiment):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         # task=listops: an experiment sweeps LRA tasks (mega_lra's protocol exists for those, not for listops_small)
         cfg = compose(config_name="train", overrides=[f"experiment={experiment}", "task=listops"], return_hydra_config=True)
-        from lra.hydra_callbacks import hydra_group_options, sweep_overrides
+        from lra.runtime.hydra_callbacks import hydra_group_options, sweep_overrides
 
         problems = missing_options(sweep_overrides(cfg), hydra_group_options(cfg))
     assert cfg.tags, f"{experiment} should tag its runs with its table"

@@ -12,7 +12,7 @@ validation, samples/s, peak memory, steps, time, status, commit), the test-accur
 the published numbers beside them from ``lra/analysis/published.yaml``, matched to our rows by
 :func:`lra.analysis.comparability.published_for` as in ``lra.analysis.report``.
 
-Every key comes from :mod:`lra.wandb_summary` (the run config's flat keys and the summary of ``results.json``)
+Every key comes from :mod:`lra.runtime.wandb_summary` (the run config's flat keys and the summary of ``results.json``)
 or from what training logs (``val/acc``, ``train/loss``, ``trainer/global_step``); ``tests/test_dashboard.py``
 checks them against a real offline run. ``--dry-run`` prints the spec as JSON and needs no network; otherwise
 the runs of the group are read from W&B (network and ``wandb login``; offline runs must be synced first),
@@ -35,7 +35,7 @@ from lra.config import CONFIG_DIR
 from lra.tasks.listops import INDEPENDENT_TEST
 
 STEP = "trainer/global_step"  # the x axis Lightning's WandbLogger logs every metric against
-GROUP_BY = "attention"        # flat config key (lra.wandb_summary.GROUP_KEYS)
+GROUP_BY = "attention"        # flat config key (lra.runtime.wandb_summary.GROUP_KEYS)
 CONFIG_COLUMNS = ("attention", "seed", "num_landmarks", "selection", "positions")
 SUMMARY_COLUMNS = ("val/acc_best", "perf/samples_per_s", "perf/peak_mem_bytes", "perf/peak_mem_measure",
                    "steps", "train_time_s", "status", "git_commit")

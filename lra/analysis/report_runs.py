@@ -137,8 +137,8 @@ def wandb_runs(path: str, group: str | None) -> list[dict]:
     states = {"finished": "completed", "running": "missing"}
     records = []
     for run in api_runs:
-        summary = run.summary  # results.json's scalars under lra.wandb_summary's names
-        config = dict(run.config.get("config") or run.config)  # runs logged before lra.wandb_summary: at the top
+        summary = run.summary  # results.json's scalars under lra.runtime.wandb_summary's names
+        config = dict(run.config.get("config") or run.config)  # runs logged before lra.runtime.wandb_summary: at the top
         record = {
             "task": lookup(config, "task.name"), "attention": lookup(config, "attention.name"), "seed": config.get("seed"),
             "status": summary.get("status") or states.get(run.state, "failed"),

@@ -26,7 +26,7 @@ from torch.utils.flop_counter import (
 )
 
 from lra import REPO_ROOT
-from lra.allocator import retain_freed_memory
+from lra.runtime.allocator import retain_freed_memory
 from lra.config import CONFIG_DIR
 
 ATTENTION_DIR = CONFIG_DIR / "attention"
@@ -95,7 +95,7 @@ def resolve_device(name: str | None) -> torch.device:
 
 def setup_process(threads: int | None) -> int:
     """``--threads``: ``torch.set_num_threads`` when given; returns the count in use (a CSV column). Also keeps freed
-    memory in the process (:func:`lra.allocator.retain_freed_memory`), as training does."""
+    memory in the process (:func:`lra.runtime.allocator.retain_freed_memory`), as training does."""
     retain_freed_memory()
     if threads is not None:
         if threads < 1:

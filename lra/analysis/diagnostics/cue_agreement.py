@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from lra.config import compose_config
-from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
+from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.analysis.diagnostics.root_attention import padded_batch
 from lra.module import build_model
 from lra.tasks.listops import tokenize

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from lra.config import compose_config
-from lra.checkpoints import load_transferred_weights, with_checkpoint_settings
+from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.module import build_model
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
 from lra.tasks.listops import read_tsv

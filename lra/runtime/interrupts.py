@@ -2,7 +2,7 @@
 
 The first SIGTERM or SIGINT stops the run gracefully. Inside Lightning's fit or test it sets Lightning's stop
 flag (the one its own SIGTERM handler sets): the training batch in flight is finished, then Lightning raises
-``SIGTERMException`` and :class:`lra.callbacks.LastCheckpoint` saves ``interrupted-<step>.ckpt`` and
+``SIGTERMException`` and :class:`lra.runtime.callbacks.LastCheckpoint` saves ``interrupted-<step>.ckpt`` and
 ``last.ckpt`` of that step, a state as consistent as any periodic checkpoint, so a resume from it equals a run
 never stopped. (A SIGINT left to Python would raise ``KeyboardInterrupt`` in the middle of the step, and the
 checkpoint Lightning then saves counts the step in flight on one side and not on the other.) A stop that lands in

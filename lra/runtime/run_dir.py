@@ -6,7 +6,7 @@ resolved config is the recorded one, apart from keys that cannot change the resu
 otherwise it is refused before anything is written there (:func:`check_resume`). A resume starts from the
 checkpoint that loads with the highest step; one that does not is named and moved aside as ``*.corrupt``
 (:func:`resume_checkpoint`). A run dir may be moved or copied between a stop and its resume
-(:class:`lra.callbacks.RelocatableCheckpoint` reads the checkpoint state's paths relative to where it is now).
+(:class:`lra.runtime.callbacks.RelocatableCheckpoint` reads the checkpoint state's paths relative to where it is now).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from lra.results import compared_settings
+from lra.runtime.results import compared_settings
 from lra.tasks.files import atomic_write_text, remove_partial_writes
 
 RECORD = "config_resolved.yaml"
@@ -46,7 +46,7 @@ def is_neutral(key: str) -> bool:
 
 def settings_differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """``(key, recorded, current)`` for every key outside :data:`NEUTRAL` whose value differs (a key of
-    :data:`lra.results.ADDED_LATER` the record lacks counts as its value there, one of ``ADDED_LATER_DERIVED`` not at all)."""
+    :data:`lra.runtime.results.ADDED_LATER` the record lacks counts as its value there, one of ``ADDED_LATER_DERIVED`` not at all)."""
     old, new = compared_settings(recorded, current)
     keys = sorted(key for key in old.keys() | new.keys()
                   if not is_neutral(key) and old.get(key, "<absent>") != new.get(key, "<absent>"))
@@ -103,7 +103,7 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
 def claim(run_dir: Path, cfg: DictConfig) -> None:
     """Record this run's settings in ``run_dir`` (rank 0 only), after :func:`check_resume` let it in; first remove
     the temporary files of writes a killed process cut short (``.best-10.ckpt.<random>.tmp`` of a SIGKILL during a
-    save): this process owns the dir now (:mod:`lra.run_lock`), so no other one is writing them."""
+    save): this process owns the dir now (:mod:`lra.runtime.run_lock`), so no other one is writing them."""
     if rank_zero_only.rank == 0:
         run_dir = Path(run_dir)
         folders = (run_dir, run_dir / "checkpoints", run_dir / "pretrain", run_dir / "pretrain" / "checkpoints")

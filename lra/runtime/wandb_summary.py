@@ -4,7 +4,7 @@ The run config (:func:`run_config`) holds :data:`GROUP_KEYS` at the top (``atten
 ``num_landmarks``, ``selection``, ``positions``: what the W&B runs table and panels group and filter by),
 the job's ``overrides`` and the whole resolved Hydra config under ``config`` (``config.model.d_model``).
 
-The summary (:func:`write_summary`, called by :func:`lra.results.write_results` for completed, failed and
+The summary (:func:`write_summary`, called by :func:`lra.runtime.results.write_results` for completed, failed and
 interrupted runs alike) gets every top-level scalar of the record under a stable name
 (:func:`summary_name`): ``test_acc`` -> ``test/acc``, ``independent_test_acc`` -> ``independent_test/acc``,
 ``val_acc_best`` -> ``val/acc_best`` (the names the logger uses during training), ``samples_per_s`` ->

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lra.checkpoints import DiskFull, is_disk_full
-from lra.interrupts import STOPPING_SIGNALS, StoppedAtOnce, exit_code
-from lra.results import read_results, write_results
-from lra.run_dir import checkpoints
+from lra.runtime.checkpoints import DiskFull, is_disk_full
+from lra.runtime.interrupts import STOPPING_SIGNALS, StoppedAtOnce, exit_code
+from lra.runtime.results import read_results, write_results
+from lra.runtime.run_dir import checkpoints
 
 ERROR_LOG = "error.log"
 

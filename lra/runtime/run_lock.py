@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from lra.hydra_callbacks import require_writable, unwritable
+from lra.runtime.hydra_callbacks import require_writable, unwritable
 
 LOCK_FILE = "owner.lock"
 held: dict[Path, int] = {}  # dir -> file descriptor holding its lock, in this process
@@ -129,7 +129,7 @@ def refuse_if_held(directory: Path, key: str, locks) -> None:
 class RunDirOwner(Callback):
     """Lock the run dir (a single run) or the sweep dir (a multirun) before Hydra writes anything there: first in
     ``hydra.callbacks``, it probes the dirs around it (reading only), then checks that the dir can be written
-    (:func:`lra.hydra_callbacks.require_writable`, which makes it), then locks it."""
+    (:func:`lra.runtime.hydra_callbacks.require_writable`, which makes it), then locks it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.own(absolute(config.hydra.run.dir), "hydra.run.dir", below=False)

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lra.interrupts import StoppedAtOnce
+from lra.runtime.interrupts import StoppedAtOnce
 
 GATE_BUFFER = "memory_gate"  # name of the μ buffer of attention.liza.LiZAAttention (scheduled gate)
 
@@ -119,7 +119,7 @@ class RelocatableCheckpoint(ModelCheckpoint):
     state's paths (best, k-th best, last) are read relative to the checkpoint dir as it is now (:func:`relocated`),
     so the best score and its file carry over (Lightning itself drops the best score when ``dirpath`` changed, and
     the resumed run then tests a later, worse checkpoint). Lightning's "Checkpoint directory ... exists and is not
-    empty" warning is not given: a run dir holding checkpoints is resumed or refused (:mod:`lra.run_dir`)."""
+    empty" warning is not given: a run dir holding checkpoints is resumed or refused (:mod:`lra.runtime.run_dir`)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         with warnings.catch_warnings():
@@ -168,7 +168,7 @@ class LastCheckpoint(RelocatableCheckpoint):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """Save the state trained so far on a graceful stop (SIGTERM or a first Ctrl-C: Lightning raises
-        ``SIGTERMException`` between steps, :mod:`lra.interrupts`), but only once training ran: a stop while a
+        ``SIGTERMException`` between steps, :mod:`lra.runtime.interrupts`), but only once training ran: a stop while a
         checkpoint is restored would otherwise overwrite the run's checkpoints with a fresh model. A save that
         fails (a full disk) is reported and leaves the older checkpoints as they were."""
         graceful = isinstance(exception, SIGTERMException) and not isinstance(exception, StoppedAtOnce)

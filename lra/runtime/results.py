@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lra import REPO_ROOT
 from lra.tasks.files import atomic_write_text
-from lra.wandb_summary import write_summary
+from lra.runtime.wandb_summary import write_summary
 
 
 @functools.cache
@@ -82,17 +82,29 @@ ADDED_LATER = {"model.compile": False, "task.group_by_length": False, "task.augm
 ADDED_LATER_DERIVED = ("task.datamodule.group_by_length", "task.datamodule.augment", "task.augmentations",
                        "task.datamodule.augmentations", "task.datamodule.generate.default_dir")
 # Values renamed later to ones that compute the same: (key, old value) -> new value. The best-checkpoint callback
-# became lra.callbacks.RelocatableCheckpoint (Lightning's, with its paths read relative to a moved run dir).
+# became lra.runtime.callbacks.RelocatableCheckpoint (Lightning's, with its paths read relative to a moved run dir).
 RENAMED_LATER = {("callbacks.checkpoint._target_", "lightning.pytorch.callbacks.ModelCheckpoint"):
-                 "lra.callbacks.RelocatableCheckpoint"}
+                 "lra.runtime.callbacks.RelocatableCheckpoint"}
+# Modules moved later, old prefix -> new: the run lifecycle moved from lra/ into lra/runtime/ (2026-11-28), so a
+# recorded ``_target_: lra.callbacks.LastCheckpoint`` compares as ``lra.runtime.callbacks.LastCheckpoint``.
+MOVED_LATER = {f"lra.{name}.": f"lra.runtime.{name}." for name in (
+    "allocator", "callbacks", "checkpoints", "config_groups", "console", "csv_logger", "gpu_setup", "hydra_callbacks",
+    "interrupts", "progress", "results", "run_dir", "run_end", "run_lock", "stage_clock", "sweep_console",
+    "wandb_logger", "wandb_summary")}
+
+
+def renamed(key: str, value: str) -> str:
+    """``value`` of ``key`` under today's names (:data:`RENAMED_LATER`, :data:`MOVED_LATER`)."""
+    value = RENAMED_LATER.get((key, value), value)
+    old = value.rsplit(".", 1)[0] + "."
+    return MOVED_LATER[old] + value[len(old):] if old in MOVED_LATER else value
 
 
 def flat_settings(config: dict) -> dict[str, Any]:
     """``config`` flattened as JSON stores it, with :data:`ADDED_LATER`'s values for the keys it lacks and
-    :data:`RENAMED_LATER`'s new values for its old ones."""
+    today's names for renamed values and moved modules (:func:`renamed`)."""
     flat = {**ADDED_LATER, **flatten(json.loads(json.dumps(config, default=str)))}
-    return {key: RENAMED_LATER.get((key, value), value) if isinstance(value, str) else value
-            for key, value in flat.items()}
+    return {key: renamed(key, value) if isinstance(value, str) else value for key, value in flat.items()}
 
 
 def compared_settings(recorded: dict, current: dict) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -130,7 +142,7 @@ def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) ->
 
     Beside it, ``config_resolved.yaml`` (every interpolation resolved; Hydra's ``.hydra/config.yaml``
     keeps them unresolved); its scalars also go into the W&B run summary, if there is a run
-    (:func:`lra.wandb_summary.write_summary`). Under DDP only global rank 0 writes (every rank returns the same path).
+    (:func:`lra.runtime.wandb_summary.write_summary`). Under DDP only global rank 0 writes (every rank returns the same path).
     """
     path = Path(run_dir) / "results.json"
     if rank_zero_only.rank != 0:

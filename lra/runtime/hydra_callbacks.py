@@ -22,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lra.config_groups import closest
+from lra.runtime.config_groups import closest
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ unless ``verbose`` is true it raises Lightning's loggers to WARNING (their INFO 
 "Seed set to 0", the litlogger tip, "`Trainer.fit` stopped", "Restoring states from ...") and ignores the
 warnings of :data:`HARMLESS_WARNINGS`; after the job it puts both back (the next job of a sweep may be verbose).
 The other quiet defaults are configs: ``trainer.enable_model_summary: ${verbose}``, the W&B logger's
-``verbose: ${verbose}`` (:class:`lra.wandb_logger.WandbLogger`), and Lightning's test table (``trainer.test``
+``verbose: ${verbose}`` (:class:`lra.runtime.wandb_logger.WandbLogger`), and Lightning's test table (``trainer.test``
 is called with ``verbose=cfg.verbose``). Any other warning is printed as usual.
 """
 
@@ -41,7 +41,7 @@ class QuietConsole(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if "verbose" not in config:
-            raise SystemExit("[lra] the config has no `verbose` key, which lra.console.QuietConsole (registered in "
+            raise SystemExit("[lra] the config has no `verbose` key, which lra.runtime.console.QuietConsole (registered in "
                              "configs/hydra/default.yaml) reads: add `verbose: false` to the primary config")
         if config.verbose:
             return

@@ -7,7 +7,7 @@ table of the jobs when the sweep ends::
     |----:|-----------|------|-----------|---------:|------------------------------|
     |   1 | softmax   | 0    | completed |   0.1560 | 0_listops_small_softmax_s0   |
 
-The jobs and their order come from the basic sweeper's overrides (:func:`lra.hydra_callbacks.sweep_batch`,
+The jobs and their order come from the basic sweeper's overrides (:func:`lra.runtime.hydra_callbacks.sweep_batch`,
 read once in the launching process, before the first job; the launchers hand this callback to the job
 processes with it). Each row is the ``results.json`` whose ``overrides`` are the job's: its status, test
 accuracy and dir; ``missing`` where no job dir holds one (a job killed outright). With another sweeper the
@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lra.hydra_callbacks import sweep_batch
+from lra.runtime.hydra_callbacks import sweep_batch
 
 
 def override_key(override: str) -> str:

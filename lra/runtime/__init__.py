@@ -1,0 +1,25 @@
+"""The run lifecycle around ``lra.train``'s compose -> instantiate -> fit -> test -> record: who owns a run dir,
+what a re-run resumes from, how a run stops and what it leaves behind. Nothing here builds a model or reads data.
+
+Starting a run
+    ``config_groups``   every config-group choice on the command line exists (a typo is refused before any write)
+    ``hydra_callbacks`` an unwritable output dir is named before Hydra's log fails; a sweep's unfinished jobs
+    ``run_dir``         who may write into a run dir, and which checkpoint a re-run resumes from
+    ``run_lock``        one process per run dir (``flock`` on ``owner.lock``)
+    ``gpu_setup``       TF32 and quiet consoles for ``trainer=gpu`` / ``trainer=ddp``
+    ``allocator``       keep freed memory in the process (glibc ``mallopt``)
+
+During a run
+    ``callbacks``       Lightning callbacks: checkpoints that follow a moved run dir, last-step validation, NaN stop
+    ``checkpoints``     atomic saves, weights transferred across variants, checkpoint settings
+    ``csv_logger``      ``metrics.csv`` that a resumed run continues
+    ``progress``        one progress bar per stage; ``console`` what a run prints (``verbose=true`` for all)
+    ``stage_clock``     wall time of a stage summed over the processes of a resumed run
+    ``interrupts``      SIGTERM and Ctrl-C take one path: finish the step, save, exit 143/130
+    ``sweep_console``   a line before each job of a multirun
+
+Ending a run
+    ``results``         ``results.json``, the one record reports and sweeps read; settings compared on resume
+    ``run_end``         how a run that does not complete ends: its record, ``error.log`` and one FAILED line
+    ``wandb_logger``, ``wandb_summary``  W&B's one-line banner; the run summary mirrors ``results.json``
+"""
