@@ -30,10 +30,10 @@ test: setup
 # The numerics tests (float results against references), again under one ATen SIMD level: ATen's kernels
 # sum in another order on each (ATEN_CPU_CAPABILITY = default, avx2, avx512; a CPU without it falls back),
 # so a tolerance that holds on one CPU only fails here too. .ci/run runs it with ISA=default after `make test`.
-NUMERICS_TESTS := tests/test_scores.py tests/test_attention_keys.py tests/test_pinv.py tests/test_ema.py \
-	tests/test_delta_rule.py tests/test_selection.py tests/test_proxyformer.py tests/test_cur.py \
-	tests/test_nystrom.py tests/test_l1.py tests/test_liza.py tests/test_landmarks_cpu.py tests/test_cur_cpu.py \
-	tests/test_pinv_cpu.py tests/test_landmark_stages.py
+NUMERICS_TESTS := tests/attention/test_scores.py tests/attention/test_attention_keys.py tests/attention/test_pinv.py tests/models/test_ema.py \
+	tests/attention/test_delta_rule.py tests/attention/test_selection.py tests/attention/test_proxyformer.py tests/attention/test_cur.py \
+	tests/attention/test_nystrom.py tests/attention/test_l1.py tests/attention/test_liza.py tests/kernels/test_landmarks_cpu.py tests/kernels/test_cur_cpu.py \
+	tests/kernels/test_pinv_cpu.py tests/attention/test_landmark_stages.py
 ISA ?= default
 
 test-numerics: setup

@@ -13,7 +13,7 @@ pad tokens (``key_mask`` False) contribute nothing to any output row. Both compu
   is the element-wise ``q ⊙ u`` instead of ``tril(Q Kᵀ) U`` (``o_t = S_t q_t``), and the state handed to the
   next chunk is built from the chunk's last token only, so its output depends on the chunk size (max
   difference 0.83 between chunk sizes 64 and 32 in that review). We compute the delta rule itself, which is
-  independent of the chunk size (``tests/test_delta_rule.py``). Cost O(n C d + n d²) for chunk size C,
+  independent of the chunk size (``tests/attention/test_delta_rule.py``). Cost O(n C d + n d²) for chunk size C,
   memory O(n C) per head.
 """
 

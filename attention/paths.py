@@ -3,7 +3,7 @@
 * CPU tensors run the CPU forms: the compiled kernels of the ``*_cpu`` modules where they apply, else PyTorch code
   tuned for the CPU (in-place softmax, ``n × m`` products), unchanged by the fused forms.
 * Every other device (CUDA; ``meta``, where ``lra.bench plan`` lists a GPU's kernels and
-  ``tests/test_device_hygiene.py`` looks for host syncs) runs the fused forms: the landmark stages as batched GEMMs
+  ``tests/runtime/test_device_hygiene.py`` looks for host syncs) runs the fused forms: the landmark stages as batched GEMMs
   split over ``n`` in the inputs' dtype (:mod:`attention.landmark_stages`), selection by sorting chunks of ``n``,
   no host synchronisation and no tensor made on the host, every other step one batched operator. Every kernel whose
   work grows with ``n`` runs at least two waves of programs on a 132-SM GPU, and none is an attention kernel given

@@ -2,7 +2,7 @@
 
 Pseudo-inverses, CUR/Nyström matrices, L1 distances, the delta-rule solve and MEGA's FFT run in float32
 with autocast disabled. ``torch.autocast`` refuses device types that have no autocast at all (``meta``:
-shapes without values, which tests/test_device_hygiene.py uses to catch host syncs), so those get a null
+shapes without values, which tests/runtime/test_device_hygiene.py uses to catch host syncs), so those get a null
 context: with no autocast there is nothing to disable.
 """
 

@@ -42,7 +42,7 @@ class MaskedSoftmax(torch.autograd.Function):
        ``key_mask``-shaped bias, one pass where a broadcast ``masked_fill_`` writes a mask-sized index, and it cannot
        overflow a finite logit), so ``exp`` gives them exactly 0 wherever the row has a real key;
     2. row softmax in place: on CPU ATen's kernel writes into its input (each row is read before it is
-       overwritten; tests/test_scores.py checks it against ``torch.softmax``), one pass over memory
+       overwritten; tests/attention/test_scores.py checks it against ``torch.softmax``), one pass over memory
        instead of five; other devices use in-place elementwise ops, which are correct for any kernel;
     3. rows without any real key are multiplied by 0 (instead of a uniform row over pads).
 

@@ -16,7 +16,7 @@
 #   5. python -m lra.bench.gpu_check --only kernels meta (FlashCUR/FlashL1 vs references, host-sync check)
 # Each step runs under `timeout`; a step that fails or times out is reported and the next one runs. Everything
 # goes to outputs/gpu_perf/<timestamp>/ (CSV, PNG, one log per step) and summary.md; the first line names the
-# machine. GPU_PERF_SMOKE=1 runs the same steps at tiny sizes on the CPU (what tests/test_gpu_perf_script.py
+# machine. GPU_PERF_SMOKE=1 runs the same steps at tiny sizes on the CPU (what tests/bench/test_gpu_perf_script.py
 # runs), to check the script without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."

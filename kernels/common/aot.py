@@ -14,7 +14,7 @@ shape) and :mod:`kernels.flashl1.launch`. It returns a :class:`Compiled`:
 
 Spills are read from the cubin (:func:`resource_usage`: ``cuobjdump -res-usage``, stack frame bytes;
 the compiled kernel's ``n_spills`` is only filled in when the binary is loaded on a device).
-``tests/test_aot_compile.py`` (FlashCUR) and ``tests/test_flashl1.py`` (FlashL1) run this over every
+``tests/kernels/test_aot_compile.py`` (FlashCUR) and ``tests/kernels/test_flashl1.py`` (FlashL1) run this over every
 kernel, architecture, dtype and supported shape.
 """
 

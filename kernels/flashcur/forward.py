@@ -25,7 +25,7 @@ fp16 inputs every dot runs on tensor cores with operands in the input dtype, pro
 ``W``, ``RV`` and probability tiles included (:func:`mm_in` casts them), float32 accumulation; every
 ``tl.dot`` operand is at least 16 in every dimension (:func:`kernels.flashcur.launch.block_sizes`
 asserts it). Launch parameters (tiles, ``num_warps``, ``num_stages``, per GPU architecture and dtype)
-come from :func:`kernels.flashcur.launch.launch_config`, which ``tests/test_aot_compile.py`` compiles
+come from :func:`kernels.flashcur.launch.launch_config`, which ``tests/kernels/test_aot_compile.py`` compiles
 for sm_80 / sm_90 (shared memory within the limit, no register spills).
 """
 

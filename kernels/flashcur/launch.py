@@ -6,7 +6,7 @@ architecture, every compile-time parameter of the launch — block sizes, ``F32_
 for the kernels whose programs walk all n tokens (:data:`SPLIT_KERNELS`: at least :data:`TARGET_PROGRAMS`
 programs, two waves on an H100 / H200). The wrappers in
 :mod:`kernels.flashcur.ops` launch with it (:func:`config`, :func:`launch`), and
-``tests/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:func:`compile_kernel`), so what
+``tests/kernels/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:func:`compile_kernel`), so what
 the test checks is what runs. Shared memory limits, the estimate and the interpreter switch are
 :mod:`kernels.common.launch`'s.
 
@@ -29,7 +29,7 @@ from kernels.common.launch import IN, MARGIN, MIN_DOT, TRITON_TYPES, LaunchConfi
 from kernels.flashcur import backward, forward
 
 SUPPORTED_M = (16, 32, 64, 128)
-CHECKED_CAPABILITIES = (80, 90)  # where REGISTER_TILES was measured; tests/test_aot_compile.py compiles for both
+CHECKED_CAPABILITIES = (80, 90)  # where REGISTER_TILES was measured; tests/kernels/test_aot_compile.py compiles for both
 FLOAT_ARGS = ("qk_scale", "sm_scale")  # the kernels' float scalars (every other scalar is an i32)
 
 POINTER_TYPES = {
@@ -111,7 +111,7 @@ KIND = {"_rv_fwd": "rows", "_rv_bwd_q": "rows", "_out_bwd_kw": "rows", "_u_fwd":
 # program; "loop" tiles once per iteration of the kernel's loop (pipelined: num_stages - 1 copies in
 # flight); "scratch" are tiles computed in registers and fed to a dot (probabilities, dS), and
 # _u_fwd's softmax tile, which Triton stages through shared memory to store. Measured
-# (tests/test_aot_compile.py): the estimate is within 1 KiB of, or above, Triton 3.9's allocation for
+# (tests/kernels/test_aot_compile.py): the estimate is within 1 KiB of, or above, Triton 3.9's allocation for
 # every kernel, dtype and shape on sm_80 and sm_90. Since bf16 / fp16 launches cast W, RV, dRV and the
 # probability tiles to the input dtype for their tensor-core dots (forward.mm_in), the float32 flag
 # over-counts those tiles there (2 bytes, not 4); kept, as the safe side (the measured allocations against the
@@ -143,10 +143,10 @@ TILES = {
 # alone spill (m = d = 128 on sm_80: fp32 _rv_fwd 7,536 B of stack per thread, bf16 _rv_bwd_kv
 # 47,248 B). These launches follow a register rule (:func:`register_launch`): REGISTER_TILES per
 # kernel and operand class (:func:`operands`), a few general limits, and REGISTER_EXCEPTIONS, all
-# measured so that no launch spills on sm_80 or sm_90 (tests/test_aot_compile.py compiles every
+# measured so that no launch spills on sm_80 or sm_90 (tests/kernels/test_aot_compile.py compiles every
 # one; figures in docs/flashcur.md). ptxas' register allocation is not monotone in the tile sizes
 # (a smaller tile can spill where a larger one does not), hence a measured table and not a formula:
-# re-run ``pytest -m slow tests/test_aot_compile.py`` after changing a kernel.
+# re-run ``pytest -m slow tests/kernels/test_aot_compile.py`` after changing a kernel.
 SHARED_RULE = None  # only tensor-core dots (bf16 / fp16 / TF32 _rv_fwd, _u_fwd): shared memory decides
 SHARED_RULE_WARPS = 4
 # ... but a split _rv_fwd (kernels.flashcur.forward: the per-split partial store) whose BLOCK_M × BLOCK_D float32
@@ -262,7 +262,7 @@ def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capab
     Rule: the first of :func:`_candidates` (tiles from the largest down; warps and stages from the
     register rule, :func:`register_launch`, or for tensor-core-only launches 4 warps and 3 or 2
     stages) whose shared-memory estimate (:func:`shared_memory_estimate`) is within
-    ``sm_<capability>``'s limit less :data:`MARGIN`. ``tests/test_aot_compile.py`` compiles the result
+    ``sm_<capability>``'s limit less :data:`MARGIN`. ``tests/kernels/test_aot_compile.py`` compiles the result
     for sm_80 and sm_90 and checks shared memory and spills. Raises ``ValueError`` naming
     ``attention.num_landmarks`` and the head dim when nothing fits.
     """

@@ -6,7 +6,7 @@ Per (batch, head), with ``q, k, v`` ``(n, d)``, λ > 0 and the key pad mask::
     S_ij = −λ ‖q_i − k_j‖₁ / √d   (−inf on pad keys),   P = softmax_j(S),   Y = P V   (n × d)
 
 Here: the launch parameters per GPU architecture and dtype (:func:`launch_config`, compiled for
-sm_80 / sm_90 by ``tests/test_flashl1.py``), the functions that launch the kernels
+sm_80 / sm_90 by ``tests/kernels/test_flashl1.py``), the functions that launch the kernels
 (:func:`l1_forward`, :func:`l1_backward`), the autograd Function :class:`FlashL1` and
 :func:`flash_l1_attention`, what :class:`attention.l1.L1Attention` calls on CUDA.
 
@@ -47,7 +47,7 @@ FLOAT_ARGS = ("score_scale", "grad_scale")
 
 # Tiles staged through shared memory, per kernel, as (rows, cols): "fixed" once per program (the first is
 # the zero dot of forward.dot_zeros), "loop" once per iteration (pipelined: num_stages copies), "scratch" converted
-# tiles. An over-count on purpose: Triton reuses buffers (tests/test_flashl1.py checks it never under-counts).
+# tiles. An over-count on purpose: Triton reuses buffers (tests/kernels/test_flashl1.py checks it never under-counts).
 TILES = {
     "_l1_fwd": {"fixed": [("BLOCK_M", 16), (16, "BLOCK_N")], "loop": [("BLOCK_N", "BLOCK_D")],
                 "scratch": [("BLOCK_M", "BLOCK_N")]},
@@ -74,7 +74,7 @@ def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, 
 def tiles(kernel: str, block_d: int, dtype: torch.dtype, capability: int, tf32: bool) -> tuple[int, int, int, int]:
     """``(own rows, looped rows, num_warps, BLOCK_DO)`` before any limit on ``n`` or shared memory.
 
-    Chosen by compiling for sm_80 / sm_90 (``tests/test_flashl1.py``) as the largest tiles without
+    Chosen by compiling for sm_80 / sm_90 (``tests/kernels/test_flashl1.py``) as the largest tiles without
     register spills: register pressure, not shared memory, is what binds (the distance tile, the float32
     accumulators, and float32 ``ieee`` dots on CUDA cores). ``own`` has ``16·num_warps`` rows (the dot
     layouts put all warps along it). ``_l1_bwd_kv`` splits its ``dK, dV`` columns over programs of

@@ -2,7 +2,7 @@
 
 * :mod:`kernels.landmarks.segments`: the forward kernel (both means, each segment's count, its additive mask and
   validity, each token's segment) and the backward kernel (each token's gradient from its segment's).
-* :mod:`kernels.landmarks.launch`: launch parameters per shape (what ``tests/test_landmark_kernels.py`` compiles
+* :mod:`kernels.landmarks.launch`: launch parameters per shape (what ``tests/kernels/test_landmark_kernels.py`` compiles
   for sm_80 / sm_90) and the functions that launch the kernels. The custom operator and its autograd live in
   :mod:`attention.landmark_means`.
 """

@@ -6,7 +6,7 @@ max(16, next_pow2(d))`` columns held by one program, ``BLOCK_N`` tokens per step
 forward spreads each (batch, head) over groups of segments, grid ``(B·H, ⌈m / segments⌉)``, so that a launch has
 at least :data:`TARGET_PROGRAMS` programs (two waves on an H100 / H200) where ``B·H`` alone would leave most of the
 GPU idle (16 programs at B 8, H 2). It holds two ``BLOCK_M × BLOCK_D`` float32 sums and a ``BLOCK_M × BLOCK_N``
-one-hot tile in registers, at most 64 × 64 or 32 × 128 (:func:`group_limit`; ``tests/test_landmark_kernels.py``
+one-hot tile in registers, at most 64 × 64 or 32 × 128 (:func:`group_limit`; ``tests/kernels/test_landmark_kernels.py``
 compiles every tile for sm_80 and sm_90 without spills); :func:`takes` admits ``BLOCK_M · BLOCK_D ≤ 8192`` for all m
 segments (m ≤ 128 with d ≤ 64, m ≤ 64 with d ≤ 128, the shapes the kernels took in one program before the groups);
 the others take the attention-call form
@@ -55,7 +55,7 @@ def takes(x: torch.Tensor, m: int) -> bool:
 def group_limit(d: int) -> int:
     """The most segments one forward program sums: ``BLOCK_M ≤ 64`` and ``BLOCK_M · BLOCK_D ≤ 4096`` (larger groups,
     128 × 16 to 128 × 64, spill 8–168 B on sm_80 / sm_90 with the group search; measured by
-    ``tests/test_landmark_kernels.py``)."""
+    ``tests/kernels/test_landmark_kernels.py``)."""
     return min(64, max(MIN_DOT, 4096 // tiles(1, d)[1]))
 
 
@@ -76,7 +76,7 @@ def launch_config(kernel: str, m: int, d: int, segments: int | None = None) -> L
     if kernel == "_segment_means_fwd":
         dots = common.dot_constexprs(torch.float32, tf32=False)  # IEEE float32 sums: the means, not an estimate
         # 16 tokens a step, 8 warps from 4096 sum elements, one stage: measured by compiling for sm_80 and sm_90 in
-        # float32 and bf16 (tests/test_landmark_kernels.py), what spills nothing anywhere (4 warps spill at 64 × 64;
+        # float32 and bf16 (tests/kernels/test_landmark_kernels.py), what spills nothing anywhere (4 warps spill at 64 × 64;
         # 8 warps at 16 × 64, 32 × 64, 64 × 16; 32 tokens from 64 × 64 sums on, two stages at 32 × 128)
         return LaunchConfig({"BLOCK_N": 16, "BLOCK_M": block_m, "BLOCK_D": block_d, "MASK_BLOCK": MASK_BLOCK, **dots},
                             num_warps=8 if block_m * block_d >= 4096 else 4, num_stages=1)

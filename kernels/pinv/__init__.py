@@ -3,7 +3,7 @@
 
 * :mod:`kernels.pinv.forward`: the init ``Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞)`` and the steps, one launch.
 * :mod:`kernels.pinv.backward`: ``∂L/∂A`` through every step and the init's norms, one launch.
-* :mod:`kernels.pinv.launch`: block size and warps per ``m`` (what ``tests/test_pinv_triton.py`` compiles).
+* :mod:`kernels.pinv.launch`: block size and warps per ``m`` (what ``tests/kernels/test_pinv_triton.py`` compiles).
 * :mod:`kernels.pinv.ops`: the ``torch.library`` custom ops (``lra_pinv::*``, fake implementations,
   autograd) and :func:`~kernels.pinv.ops.fused_pinv`, what :func:`attention.pinv.iterative_pinv` calls on CUDA.
 """

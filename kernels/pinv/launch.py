@@ -10,7 +10,7 @@ in registers (:func:`kernels.pinv.forward.mm` splits K into dots of 16 to bound 
 20,376 B per thread (8 warps), so the kernels stop at :data:`MAX_M` = 64 and larger problems run the PyTorch
 form (:func:`attention.pinv.iterative_pinv`). At m = 64 (8 warps) the forward spills 376 B per thread on sm_80
 (392 B on sm_90) and the backward 1,584 B (1,264 B); m ≤ 32 spills nothing (:data:`SPILL_FREE`, what
-``tests/test_pinv_triton.py`` compiles for sm_80 / sm_90). Each ``tl.dot`` stages both operands through shared memory (``2 · BLOCK² · 4`` bytes at
+``tests/kernels/test_pinv_triton.py`` compiles for sm_80 / sm_90). Each ``tl.dot`` stages both operands through shared memory (``2 · BLOCK² · 4`` bytes at
 most). :data:`WARPS` gives the warps per kernel and block size, measured as the fewest spills; no loop loads
 are pipelined (``num_stages = 1``).
 """

@@ -13,7 +13,7 @@ the published numbers beside them from ``lra/analysis/published.yaml``, matched 
 :func:`lra.analysis.comparability.published_for` as in ``lra.analysis.report``.
 
 Every key comes from :mod:`lra.runtime.wandb_summary` (the run config's flat keys and the summary of ``results.json``)
-or from what training logs (``val/acc``, ``train/loss``, ``trainer/global_step``); ``tests/test_dashboard.py``
+or from what training logs (``val/acc``, ``train/loss``, ``trainer/global_step``); ``tests/analysis/test_dashboard.py``
 checks them against a real offline run. ``--dry-run`` prints the spec as JSON and needs no network; otherwise
 the runs of the group are read from W&B (network and ``wandb login``; offline runs must be synced first),
 which also gives the tasks and the rows the published numbers are matched to. ``--runs`` reads them from

@@ -10,7 +10,7 @@ relative to that tensor's largest entry (entries that cancel to ~0 have no relat
 and of the gradients relative to the largest gradient entry of all parameters: some gradients are 0 up to rounding (the key projection's bias:
 softmax is unchanged by a shift of every key's score), so their own largest entry is rounding noise and no
 scale; the whole gradient's is. Also the number of graphs compiled and the first compiled step's seconds.
-``tests/test_compile.py`` runs it on the CPU, ``python -m lra.bench.gpu_check`` (``compile`` step) on CUDA.
+``tests/runtime/test_compile.py`` runs it on the CPU, ``python -m lra.bench.gpu_check`` (``compile`` step) on CUDA.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ What it runs (``--dry-run`` prints the plan without a GPU):
    1e-3 (output) / 1e-2 (gradients) relative, bf16 to 5e-2. Then FlashL1 vs the PyTorch L1 path
    (:mod:`lra.bench.gpu_check_l1`: :meth:`attention.l1.L1Attention.materialised`, L1 weights times ``V``) forward and backward
    in fp32 and bf16 for a few (n, d), n odd and even, padded keys, to the same tolerances.
-2. ``meta`` — ``tests/test_device_hygiene.py``: every variant's forward, loss and backward on the ``meta``
+2. ``meta`` — ``tests/runtime/test_device_hygiene.py``: every variant's forward, loss and backward on the ``meta``
    device, failing on any host sync or host-made tensor (with CUDA present, FlashCUR builds as on a GPU run).
 3. ``compile`` — ``torch.compile`` on CUDA: every variant's compiled training step against its eager one
    (:func:`lra.bench.compile_check.compare`, fp32, dropout off, relative error <= 1e-5 of outputs, loss and
@@ -85,8 +85,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
     steps = {
         "kernels": [Step("kernels", f"FlashCUR vs CUR forward/backward, fp32 + bf16, (m, d) in {KERNEL_SHAPES}; "
                                     f"FlashL1 vs PyTorch L1, (n, d) in {[(n, d) for n, d, *_ in L1_SHAPES]}")],
-        "meta": [Step("meta", "every variant's training step on the meta device: no host sync (tests/test_device_hygiene.py)",
-                      [*py, "pytest", "-q", "-p", "no:cacheprovider", "tests/test_device_hygiene.py"])],
+        "meta": [Step("meta", "every variant's training step on the meta device: no host sync (tests/runtime/test_device_hygiene.py)",
+                      [*py, "pytest", "-q", "-p", "no:cacheprovider", "tests/runtime/test_device_hygiene.py"])],
         "compile": [
             Step("compile", f"compiled vs eager training step on CUDA, fp32, of {', '.join(args.variants)}"),
             Step("compile", "graphs and graph breaks per variant (torch._dynamo.explain)",

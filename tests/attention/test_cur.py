@@ -164,8 +164,8 @@ def test_bad_config_is_a_clear_error_at_build_time(override, message):
 @pytest.mark.parametrize("attention, dense", [("curformer", dense_softmax_weights), ("l1_cur", dense_l1_weights)])
 def test_matches_dense_CUR_with_either_pinv_init(attention, dense, pinv_init):
     """Config -> module at the default 6 iterations and overwrite_rows, against C, U, R cut from the dense
-    attention matrix's logits and the float64 pseudo-inverse reference of ``tests/test_pinv.py``."""
-    from tests.test_pinv import reference_pinv
+    attention matrix's logits and the float64 pseudo-inverse reference of ``tests/attention/test_pinv.py``."""
+    from tests.attention.test_pinv import reference_pinv
 
     q, k, v = random_qkv(batch=2, heads=2, n=20, d=8)
     q[1], k[1] = 3 * q[1], 3 * k[1]  # sequence 1 sharper: larger column sums of its U

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from tests.conftest import run_cli
 from lra.analysis import listops_cue
 from lra.tasks import listops
 

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import torch
-from conftest import run_cli
+from tests.conftest import run_cli
 
 from lra.tasks import listops
 from lra.analysis.listops_cue import accuracy, balanced_accuracy, first_operator, fit, read_examples, split_accuracies

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from tests.conftest import run_cli
 from PIL import Image
 
 from lra.analysis.pathfinder_cue import accuracy, best_band, marker_distances

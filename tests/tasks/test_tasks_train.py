@@ -13,10 +13,10 @@ import pytest
 
 from lra.train import train
 from tests.conftest import compose_config, run_cli
-from tests.test_tasks_image import write_cifar
-from tests.test_tasks_pathfinder import write_pathfinder
-from tests.test_tasks_retrieval import write_aan
-from tests.test_tasks_text import write_imdb
+from tests.tasks.test_tasks_image import write_cifar
+from tests.tasks.test_tasks_pathfinder import write_pathfinder
+from tests.tasks.test_tasks_retrieval import write_aan
+from tests.tasks.test_tasks_text import write_imdb
 
 FEW_STEPS = ["task.batch_size=4", "task.warmup_steps=1", "trainer.max_steps=2", "task.eval_every=2", "logger=csv"]
 

@@ -1,5 +1,5 @@
 """What a run prints: one bar over its steps (also when resumed), one line per evaluation, quiet unless
-``verbose=true`` (lra/runtime/progress.py, lra/runtime/console.py, lra/runtime/wandb_logger.py). Sweeps: tests/test_sweeps.py."""
+``verbose=true`` (lra/runtime/progress.py, lra/runtime/console.py, lra/runtime/wandb_logger.py). Sweeps: tests/runtime/test_sweeps.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The fused pseudo-inverse (:mod:`kernels.pinv`): where :func:`attention.pinv.iterative_pinv` runs it, the kernels it
 launches (counted on ``meta``), ``torch.compile(fullgraph=True)``, ahead-of-time compilation for sm_80 / sm_90 and,
-through a subprocess with ``TRITON_INTERPRET=1``, the kernels' numbers (``tests/test_pinv_triton_kernels.py``).
+through a subprocess with ``TRITON_INTERPRET=1``, the kernels' numbers (``tests/kernels/test_pinv_triton_kernels.py``).
 
 Why a subprocess: Triton picks the interpreter when a kernel is *defined*, from the environment at that moment,
 so it cannot be switched on for one test inside a pytest process other tests share.
@@ -25,7 +25,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 def test_kernels_under_the_interpreter():
     """Forward and ∂A within 4·m·u of the float64 PyTorch form, ties, central differences, compile (tiny shapes)."""
-    proc = run_cli(["-m", "pytest", "tests/test_pinv_triton_kernels.py", "-q", "-p", "no:cacheprovider"],
+    proc = run_cli(["-m", "pytest", "tests/kernels/test_pinv_triton_kernels.py", "-q", "-p", "no:cacheprovider"],
                    env={"TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
@@ -105,7 +105,7 @@ def test_compiles_to_one_graph_on_fake_tensors():
     """``torch.compile(fullgraph=True)`` of the op's forward + backward on ``meta`` (fake tensors throughout): one
     graph, ``lra_pinv.forward`` in its forward and ``lra_pinv.backward`` in its backward. (:func:`iterative_pinv`
     itself cannot be compiled on ``meta``, which has no autocast to turn off; on CUDA it reaches this op, as the
-    dispatch tests above show, and ``tests/test_pinv_triton_kernels.py`` compiles and runs it interpreted.)"""
+    dispatch tests above show, and ``tests/kernels/test_pinv_triton_kernels.py`` compiles and runs it interpreted.)"""
     from torch._dynamo.backends.common import aot_autograd
 
     from kernels.pinv.ops import fused_pinv

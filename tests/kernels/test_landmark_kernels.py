@@ -1,7 +1,7 @@
 """Nyströmformer's landmark kernels (:mod:`kernels.landmarks`): against the CPU forms, and compiled for GPUs.
 
 The kernel tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before Python
-starts. Without either they are skipped here, and ``tests/test_nystrom.py::test_landmark_kernels_under_the_interpreter``
+starts. Without either they are skipped here, and ``tests/attention/test_nystrom.py::test_landmark_kernels_under_the_interpreter``
 runs this file in a subprocess with the variable set, so the default suite always exercises them. The AOT tests
 compile the kernels for sm_80 (A100) and sm_90 (H100) without a GPU (not under the interpreter): every shape the
 kernels take within the architecture's shared memory and without register spills; the default suite the

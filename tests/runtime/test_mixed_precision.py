@@ -8,7 +8,7 @@ variant): a few optimiser steps on tiny generated ListOps, then the checks
 * autocast really ran: some ``nn.Linear`` produced bfloat16 (else the test would pass in float32),
 * the parameters are finite after the optimiser steps.
 
-``flashcur`` is left out: its kernels need CUDA or the Triton interpreter (``tests/test_flashcur.py``).
+``flashcur`` is left out: its kernels need CUDA or the Triton interpreter (``tests/kernels/test_flashcur.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 These tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before
 Python starts (the interpreter is chosen when :mod:`kernels.flashcur` is defined, so it cannot be
 switched on inside a shared pytest process). Without either they are skipped here, and
-``tests/test_flashcur.py::test_kernels_under_the_interpreter`` runs this file in a subprocess with
+``tests/kernels/test_flashcur.py::test_kernels_under_the_interpreter`` runs this file in a subprocess with
 the variable set — so the default suite always exercises them. Shapes are tiny (the interpreter is
 ~60× slower than torch); the wider sweep is ``slow``.
 """

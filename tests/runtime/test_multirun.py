@@ -1,4 +1,4 @@
-"""Multirun: separate run dirs, results and W&B offline runs per job (failed jobs: tests/test_sweeps.py)."""
+"""Multirun: separate run dirs, results and W&B offline runs per job (failed jobs: tests/runtime/test_sweeps.py)."""
 
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ def test_gpu_check_runs_the_meta_check_and_compiled_training(tmp_path):
     steps = gpu_check.plan(args)
     assert [s.name for s in steps][:6] == ["kernels", "meta", "compile", "compile", "compile", "compile"]
     meta, check, breaks, *trains = [s for s in steps if s.name in ("meta", "compile")]
-    assert meta.command[-1] == "tests/test_device_hygiene.py" and check.command is None
+    assert meta.command[-1] == "tests/runtime/test_device_hygiene.py" and check.command is None
     assert breaks.command[2:4] == ["lra.bench", "compile_breaks"] and "cuda" in breaks.command
     assert [next(a for a in s.command if a.startswith("attention=")) for s in trains] == [
         "attention=softmax", "attention=curformer"]

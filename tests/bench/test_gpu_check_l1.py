@@ -1,7 +1,7 @@
 """``python -m lra.bench.gpu_check``'s FlashL1 check (``lra/bench/gpu_check_l1.py``): the parts that run without a GPU.
 
 The rest of gpu_check (plan, arguments, report, the one-line failure without CUDA) is tested in
-``tests/test_aot_compile.py``.
+``tests/kernels/test_aot_compile.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from lra.bench import gpu_check, gpu_check_l1
 from tests.conftest import run_cli
-from tests.test_flashl1 import dense_l1
+from tests.kernels.test_flashl1 import dense_l1
 
 
 def test_kernels_step_covers_flashl1_shapes():
@@ -29,7 +29,7 @@ def test_kernels_step_covers_flashl1_shapes():
 
 @pytest.mark.parametrize("n, d, lengths, lam", [(17, 16, (17, 9), 1.0), (8, 24, (8, 0), 3.0)])
 def test_reference_l1_is_eq1(n, d, lengths, lam):
-    """The reference the GPU check compares FlashL1 with: eq. 1 (float64 formula of tests/test_flashl1.py),
+    """The reference the GPU check compares FlashL1 with: eq. 1 (float64 formula of tests/kernels/test_flashl1.py),
     forward and gradients, an all-pad sequence giving 0."""
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, n, d, generator=generator, requires_grad=True) for _ in range(3))

@@ -15,7 +15,7 @@ from lra.tasks import listops
 from lra.tasks.base import TokenizedSplit
 from lra.tasks.listops_augment import AugmentedSplit, CollapseSubtrees, ShuffleArguments
 from tests.conftest import compose_config
-from tests.test_listops import evaluate_source
+from tests.tasks.test_listops import evaluate_source
 
 # Hand-built trees: every operator, even and odd argument counts, nesting to depth 4.
 TREES = [
@@ -33,7 +33,7 @@ def ids_of(tree) -> list[int]:
 
 
 def value_of(ids: list[int]) -> int:
-    """The independent evaluator of tests/test_listops.py, on the ids written back as a source string."""
+    """The independent evaluator of tests/tasks/test_listops.py, on the ids written back as a source string."""
     return evaluate_source(" ".join("]" if listops.VOCAB[i] == "X" else listops.VOCAB[i] for i in ids))
 
 

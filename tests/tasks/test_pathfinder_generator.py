@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from tests.conftest import run_cli
 from PIL import Image
 
 from lra import REPO_ROOT

@@ -95,7 +95,7 @@ def test_gradcheck_float64():
 
 def test_the_custom_op_registration():
     """Schema, fake (meta) function and autograd formula agree with the kernel (what torch.compile relies on;
-    opcheck's AOT-dispatch check, 20 s, is left to tests/test_compile.py's compiled training steps)."""
+    opcheck's AOT-dispatch check, 20 s, is left to tests/runtime/test_compile.py's compiled training steps)."""
     torch.library.opcheck(dropout, (torch.randn(5, 7, requires_grad=True), torch.tensor(3), 0.2),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 

@@ -1,5 +1,5 @@
 """FlashCUR: config, clear errors, tile sizes, the launch plan and FLOP count of a GPU step (on ``meta`` tensors),
-and — through subprocesses with ``TRITON_INTERPRET=1`` — the kernels against CUR (``tests/test_flashcur_kernels.py``)
+and — through subprocesses with ``TRITON_INTERPRET=1`` — the kernels against CUR (``tests/kernels/test_flashcur_kernels.py``)
 and a few training steps against curformer.
 
 Why subprocesses: Triton picks the interpreter when a kernel is *defined*, from the environment at
@@ -34,7 +34,7 @@ INTERPRETER_ENV = {"TRITON_INTERPRET": "1", **CPU_ONLY}
 def test_kernels_under_the_interpreter():
     """Forward ≤ 1e-4 and gradients ≤ 1e-3 (relative) vs CUR on tiny shapes, kernels one by one, saved bytes."""
     proc = run_cli(
-        ["-m", "pytest", "tests/test_flashcur_kernels.py", "-q", "-s", "-m", "not slow", "-p", "no:cacheprovider"],
+        ["-m", "pytest", "tests/kernels/test_flashcur_kernels.py", "-q", "-s", "-m", "not slow", "-p", "no:cacheprovider"],
         env=INTERPRETER_ENV,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -45,7 +45,7 @@ def test_kernels_under_the_interpreter():
 def test_kernel_sweep_under_the_interpreter():
     """Larger n, head dims up to 128, m up to 128 (and 48, padded), every selection rule, fp16/bf16."""
     proc = run_cli(
-        ["-m", "pytest", "tests/test_flashcur_kernels.py", "-q", "-s", "-m", "slow", "-p", "no:cacheprovider"],
+        ["-m", "pytest", "tests/kernels/test_flashcur_kernels.py", "-q", "-s", "-m", "slow", "-p", "no:cacheprovider"],
         env=INTERPRETER_ENV,
         timeout=1800,
     )

@@ -10,7 +10,7 @@ import pytest
 
 from kernels.cpu import build
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = sorted(path.name for path in (REPO / "kernels" / "cpu").glob("*.cpp"))
 
 

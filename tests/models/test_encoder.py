@@ -91,7 +91,7 @@ def test_one_qkv_gemm_backpropagates_into_each_projection():
 
 def test_a_projection_with_a_hook_or_a_wrapper_is_called_as_a_module():
     """A hook on ``q_proj`` still sees its call (the projections are then called one by one), as a wrapped
-    projection (LoRA's, tests/test_lora.py) runs its adapters."""
+    projection (LoRA's, tests/models/test_lora.py) runs its adapters."""
     cfg = compose_config(["task=listops_small", "attention=softmax", "attention.dropout=0.0"])
     attn = build_model(cfg).blocks[0].attn
     seen = []

@@ -58,9 +58,9 @@ def test_fused_segment_means_equal_the_cpu_forms_values_validity_and_gradients()
 
 
 def test_landmark_kernels_under_the_interpreter():
-    """``tests/test_landmark_kernels.py`` with ``TRITON_INTERPRET=1`` (the landmark kernels against the CPU forms, and
+    """``tests/kernels/test_landmark_kernels.py`` with ``TRITON_INTERPRET=1`` (the landmark kernels against the CPU forms, and
     the whole fused Nyström with them), in a subprocess: the interpreter is chosen when the kernels are defined."""
-    proc = run_cli(["-m", "pytest", "tests/test_landmark_kernels.py", "-q", "-k", "not compile", "-p", "no:cacheprovider"],
+    proc = run_cli(["-m", "pytest", "tests/kernels/test_landmark_kernels.py", "-q", "-k", "not compile", "-p", "no:cacheprovider"],
                    env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})  # CPU tensors, with or without a GPU
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
@@ -238,8 +238,8 @@ def test_config_defaults():
 
 def dense_nystrom(q, k, v, m, pinv_iters, pinv_init):
     """Full-length sequences, ``m`` dividing ``n``: landmarks = means of ``n/m`` consecutive rows, the three softmax
-    kernels from explicit logits, their pseudo-inverse by the float64 reference of ``tests/test_pinv.py``."""
-    from tests.test_pinv import reference_pinv
+    kernels from explicit logits, their pseudo-inverse by the float64 reference of ``tests/attention/test_pinv.py``."""
+    from tests.attention.test_pinv import reference_pinv
 
     batch, heads, n, d = q.shape
     q_land = q.reshape(batch, heads, m, n // m, d).mean(-2)

@@ -2,7 +2,7 @@
 
 These tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before Python
 starts (the interpreter is chosen when :mod:`kernels.pinv` is defined). Without either they are skipped here,
-and ``tests/test_pinv_triton.py::test_kernels_under_the_interpreter`` runs this file in a subprocess with the
+and ``tests/kernels/test_pinv_triton.py::test_kernels_under_the_interpreter`` runs this file in a subprocess with the
 variable set. Shapes are small (m ≤ 64, the kernels' largest, three problems): the interpreter is slow.
 
 Tolerances: a float32 product of length m rounds by at most about ``m·u`` relative to its operands (``u = 2⁻²⁴``)
