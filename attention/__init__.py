@@ -10,6 +10,32 @@ config node (``configs/attention/<name>.yaml``, ``_partial_: true``) instantiate
 
 The projections (``q_proj, k_proj, v_proj, out_proj``) live in
 :class:`models.blocks.MultiHeadAttention`, so checkpoints move between variants.
+
+Which file is which (each variant's config: ``configs/attention/<name>.yaml``):
+
+Variants
+    ``softmax``       exact softmax attention (SDPA; ``softmax_materialised`` stores the n×n weights)
+    ``cur``           CURformer: selected rows and columns, ``C U⁺ R``
+    ``flashcur``      FlashCURformer: CUR in Triton kernels (:mod:`kernels.flashcur`)
+    ``nystrom``       Nyströmformer: segment-mean landmarks, ``k1 k2⁺ k3``
+    ``l1``            exact L1-distance attention (EcoTransformer); ``l1_cur`` is ``cur`` with its score
+    ``proxyformer``   Proxyformer's per-head maths (its block: :mod:`models.proxyformer`)
+    ``mega``          MEGA's single-head core, exact or CUR-approximated (MegaCUR; its block: :mod:`models.mega`)
+    ``liza``          LiZA: softmax and linear attention mixed by a scheduled memory gate
+
+Shared parts of the maths
+    ``scores``        score functions (softmax, L1) that the approximations take
+    ``selection``     CUR's row and column selection rules
+    ``pinv``          the iterative pseudo-inverse (the method; its kernels and backend choice: :mod:`kernels.pinv`)
+    ``linear``        LiZA's linear branches (ELU feature map, chunked delta rule)
+    ``window``        sliding-window softmax, LiZA's linear-cost base
+    ``paths``         which form a tensor runs: the CPU forms or the fused (CUDA) forms, and shared constants
+    ``landmark_stages``  the fused forms' n-sized stages as split-K GEMMs (CUR, Nyström)
+    ``landmark_means``   the fused Nyström's landmarks (the kernel op of :mod:`kernels.landmarks`, or PyTorch)
+    ``config_checks`` the config-value checks every variant runs at construction
+
+Kernels, their ``torch.library`` ops and autograd wrappers, and their plain PyTorch references (``naive.py``)
+live in :mod:`kernels`; the modules here call the ops.
 """
 
 from __future__ import annotations

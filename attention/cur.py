@@ -21,7 +21,7 @@ one maximum over the batch as the public Nyströmformer code does).
 Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors (O(nd + m²) with a
 fused ``attend``); no ``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
 Training on CPU with the softmax or the L1 score runs the same products as one autograd node
-(:mod:`attention.cur_cpu`), whose backward writes no ``n × d`` copies.
+(:mod:`kernels.cpu.cur.ops`), whose backward writes no ``n × d`` copies.
 
 On other devices than the CPU (CUDA; ``meta``) the softmax score runs the fused forms (:mod:`attention.paths`,
 :func:`fused_cur_attention`): batched GEMMs over the ``n × m`` weights, split over ``n``, in the inputs' dtype (bf16
@@ -37,16 +37,19 @@ attention when every real token is selected. No attention dropout (the CUR paper
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 from torch import nn
 
-from attention import cur_cpu, landmark_stages, paths
+from attention import landmark_stages, paths
+from attention.config_checks import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
-from attention.precision import autocast_off
+from kernels.common.precision import autocast_off
 from attention.scores import SoftmaxScore
 from attention.selection import check_selection, gather_rows, select_indices
+from kernels.cpu.cur import ops as cur_cpu
 
 ScoreFn = Callable[..., torch.Tensor]
 
@@ -114,8 +117,9 @@ def cur_attention(
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
         valid_k = positions_mask.gather(2, index_k)  # (B, H, m)
         if hasattr(score, "kernel_form") and _wants_grad(q, k, v) and cur_cpu.takes(q, k, v, index_q.shape[-1]):
-            y = cur_cpu.CURKernelAttention.apply(q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score,
-                                                 pinv_iters, overwrite_rows, pinv_init)  # one node, no n × d copies
+            pinv = functools.partial(iterative_pinv, n_iter=pinv_iters, init=pinv_init)
+            y = cur_cpu.CURKernelAttention.apply(q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score, pinv,
+                                                 overwrite_rows)  # one node, no n × d copies
             return y.to(out_dtype)
         q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
         k, k_rows = _with_rows(k, index_k)
@@ -166,13 +170,6 @@ def fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters: int, ov
     if overwrite_rows:  # out of place: autograd forbids writing into a custom Function's output (a view of its GEMM)
         y = y.scatter(2, index_q[..., None].expand_as(rv), rv.to(y.dtype))
     return y
-
-
-def check_positive_int(value, key: str) -> int:
-    """``value`` as an int >= 1, or a config error naming ``attention.<key>``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"attention.{key} must be an integer >= 1, got {value!r}")
-    return value
 
 
 class CURAttention(nn.Module):

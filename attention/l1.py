@@ -8,7 +8,7 @@ with ``S_ij = −λ‖q_i − k_j‖₁/√d`` and ``dS`` the softmax backward o
     dq_i = (−λ/√d) Σ_j dS_ij sign(q_i − k_j),    dk_j = −(−λ/√d) Σ_i dS_ij sign(q_i − k_j),    dV = Pᵀ dY
 
 Decisions: computed in float32 with autocast disabled (float64 stays float64), output cast back to
-the input dtype. On CPU, :class:`attention.l1_cpu.L1AttentionFunction`: compiled kernels for the
+the input dtype. On CPU, :class:`kernels.cpu.l1.ops.L1AttentionFunction`: compiled kernels for the
 distance and the sign contraction, flash-style query chunks, memory O(B·H·chunk·n) beyond the
 inputs (never the n×n matrix), attention dropout inside the function. On CUDA, the fused Triton
 kernels of :mod:`kernels.flashl1` (online softmax, nothing n×n stored) whenever attention dropout is
@@ -27,9 +27,10 @@ import warnings
 import torch
 from torch import nn
 
-from attention.l1_cpu import L1AttentionFunction
-from attention.scores import L1Score, uses_cpu_kernel
-from kernels.flashl1.launch import flash_l1_attention
+from attention.config_checks import check_dropout
+from attention.scores import L1Score
+from kernels.cpu.l1.ops import L1AttentionFunction, uses_kernel
+from kernels.flashl1.ops import flash_l1_attention
 
 UNFUSED_TRAINING = ("L1 attention: FlashL1 has no attention dropout, so training on CUDA with attention.dropout > 0 "
                     "materialises the n×n weights; set attention.dropout=0 to train with the fused kernel")
@@ -48,15 +49,14 @@ class L1Attention(nn.Module):
 
     def __init__(self, num_heads: int, head_dim: int, lam: float = 1.0, dropout: float = 0.0):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"attention.dropout must be in [0, 1), got {dropout}")
+        check_dropout(dropout)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.score = L1Score(lam)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        if uses_cpu_kernel(q):
+        if uses_kernel(q):
             p = self.dropout.p if self.training else 0.0
             seed = int(torch.randint(1 << 62, ())) if p > 0 else 0  # from the global RNG: seeded runs repeat
             dtype = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention.precision import autocast_off
+from attention.config_checks import check_positive_int
+from kernels.common.precision import autocast_off
 
 FLOAT_EPS = 1e-6  # floor of the ELU normaliser (it is a sum of positive terms, > 0 for any real key)
 
@@ -105,9 +106,7 @@ class DeltaRuleAttention(nn.Module):
 
     def __init__(self, num_heads: int, head_dim: int, chunk_size: int = 64):
         super().__init__()
-        if chunk_size < 1:
-            raise ValueError(f"attention.linear.chunk_size must be >= 1, got {chunk_size}")
-        self.chunk_size = chunk_size
+        self.chunk_size = check_positive_int(chunk_size, "linear.chunk_size")
         self.beta_weight = nn.Parameter(torch.zeros(num_heads, head_dim))
         self.beta_bias = nn.Parameter(torch.zeros(num_heads))
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention.config_checks import check_dropout
 from attention.window import sliding_window_softmax
 
 
@@ -44,8 +45,7 @@ class LiZAAttention(nn.Module):
         learned_gate: bool = False,
     ):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"attention.dropout must be in [0, 1), got {dropout}")
+        check_dropout(dropout)
         if base_window is not None and base_window < 0:
             raise ValueError(f"attention.base_window must be null (full softmax) or >= 0, got {base_window}")
         if not callable(linear):  # `attention.linear=delta` replaces the config node with the string "delta"

@@ -40,12 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import landmark_stages, paths, seqconv_cpu
+from attention import landmark_stages, paths
 from attention.landmark_means import landmark_means
-from kernels.cpu import seqconv
-from attention.cur import check_positive_int
+from kernels.cpu.seqconv import ops as seqconv
+from attention.config_checks import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
-from attention.precision import autocast_off
+from kernels.common.precision import autocast_off
 from attention.scores import SoftmaxScore
 
 
@@ -59,7 +59,7 @@ def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torc
         1, segment, torch.ones_like(segment, dtype=x.dtype)
     )[:, :m]
     if seqconv.uses_kernel(x):  # one pass over x's rows, in any layout
-        sums = seqconv_cpu.SegmentSums.apply(x, segment, m)
+        sums = seqconv.SegmentSums.apply(x, segment, m)
         return sums / counts.clamp_min(1)[:, None, :, None], counts > 0
     # sums over rows of x's memory, whichever layout it has (no copy): B·n rows of H·d values for the model's
     # (B, n, H, d) memory, B·H·n rows of d for contiguous (B, H, n, d); one index per row where a scatter_add over
@@ -188,7 +188,7 @@ class SequenceConv(nn.Module):
             weight = self.weight[:, 0, :].to(x.dtype)
             if overwrite_base and base is not None and not torch.is_grad_enabled():
                 return seqconv.conv(x, weight, in_mask=mask, base=base, out=base)
-            return seqconv_cpu.ConvFunction.apply(x, weight, mask, base)
+            return seqconv.ConvFunction.apply(x, weight, mask, base)
         mask = None if key_mask is None else key_mask[:, None, :, None].to(x.dtype)
         return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
 

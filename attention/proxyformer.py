@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention.config_checks import check_choice, check_dropout, check_positive_int
+
 DROPOUT_MODES = ("none", "k1", "k2", "decomposed")
 
 
@@ -63,10 +65,8 @@ class DecomposedDropout(nn.Module):
 
     def __init__(self, mode: str, p: float):
         super().__init__()
-        if mode not in DROPOUT_MODES:
-            raise ValueError(f"attention.dropout_mode must be one of {DROPOUT_MODES}, got {mode!r}")
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"attention.dropout must be in [0, 1), got {p}")
+        check_choice(mode, DROPOUT_MODES, "dropout_mode")
+        check_dropout(p)
         self.mode = mode
         self.p = p
 
@@ -118,8 +118,7 @@ class ProxyAttention(nn.Module):
         injection: bool = True,
     ):
         super().__init__()
-        if num_proxies < 1:
-            raise ValueError(f"attention.num_proxies must be >= 1, got {num_proxies}")
+        check_positive_int(num_proxies, "num_proxies")
         if tau <= 0:
             raise ValueError(f"attention.tau must be > 0, got {tau}")
         if contrastive_weight < 0:

@@ -23,10 +23,9 @@ import math
 import torch
 from torch import nn
 
-from attention import landmarks_cpu
-from kernels.cpu import l1 as l1_kernels
-from kernels.cpu import landmarks as landmark_kernels
-from attention.precision import autocast_off
+from kernels.cpu.l1.ops import L1Distance, uses_kernel
+from kernels.cpu.landmarks import ops as landmarks_cpu
+from kernels.common.precision import autocast_off
 
 
 class MaskedSoftmax(torch.autograd.Function):
@@ -124,7 +123,7 @@ class SoftmaxScore(nn.Module):
         logits stay in cache, the weights are never stored, backward recomputes them), whose boolean mask
         gives masked keys exactly 0 and a row without any real key all 0, as :func:`masked_softmax` does;
         with few keys or few queries (≤ 128: CUR's and Nyström's ``C W`` and ``R V``) its forward is a kernel of
-        :mod:`attention.landmarks_cpu`, which never writes the weights either. Other devices multiply the weights of
+        :mod:`kernels.cpu.landmarks.ops`, which never writes the weights either. Other devices multiply the weights of
         :meth:`forward`, as before (SDPA's GPU backends were not checked here on rows without a real key).
         """
         if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):
@@ -133,87 +132,15 @@ class SoftmaxScore(nn.Module):
         return self(q, k, key_mask) @ v
 
     def kernel_form(self, d: int) -> tuple[float, bool]:
-        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks`' kernels for this score at head size ``d``."""
+        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks.ops`' kernels for this score at head size ``d``."""
         return d**-0.5, False
-
-
-CPU_KERNEL = True  # False runs the PyTorch path of other devices on CPU too (tests compare the two)
-
-
-def uses_cpu_kernel(x: torch.Tensor) -> bool:
-    """Whether L1 scores of ``x`` run the compiled kernels of :mod:`kernels.cpu.l1` (CPU tensors, outside
-    ``torch.compile``: a ctypes call would break its graph; compiled code runs the PyTorch forms)."""
-    return CPU_KERNEL and x.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
-L1_GRAD_BUDGET = 1 << 24  # elements of the sign tensor alive at a time in L1Distance's PyTorch backward
-
-
-def _query_chunk(a: int, b: int, d: int, batch: int, budget: int) -> int:
-    """Rows of queries per chunk so that a ``(batch, chunk, b, d)`` temporary holds <= ``budget`` elements."""
-    return max(1, min(a, budget // max(1, batch * b * d)))
-
-
-class L1Distance(torch.autograd.Function):
-    """``scale · ‖q_i − k_j‖₁`` ``(..., a, b)`` from ``q`` ``(..., a, d)`` and ``k`` ``(..., b, d)`` (same ``...``).
-
-    Backward: ``∂D_ij/∂q_i = scale · sign(q_i − k_j)``, ``∂D_ij/∂k_j = −scale · sign(q_i − k_j)``
-    (``sign(0) = 0``). On CPU both directions are the kernels of :mod:`kernels.cpu.l1` (no
-    ``(a, b, d)`` tensor at all). Elsewhere: ``torch.cdist(p=1)`` forward and a query-chunked backward
-    with at most :data:`L1_GRAD_BUDGET` elements of a ``(..., chunk, b, d)`` sign tensor alive at a time.
-    """
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        ctx.save_for_backward(q, k)
-        ctx.scale = scale
-        if not uses_cpu_kernel(q):
-            return torch.cdist(q, k, p=1.0).mul_(scale)
-        if q.shape[:-2] != k.shape[:-2]:
-            raise ValueError(f"L1Distance: q {tuple(q.shape)} and k {tuple(k.shape)} need the same leading dims")
-        out = q.new_empty(*q.shape[:-1], k.shape[-2])  # (..., a, b); not a view: callers softmax it in place
-        q3, k3 = q.reshape(-1, *q.shape[-2:]).contiguous(), k.reshape(-1, *k.shape[-2:])
-        l1_kernels.distance(q3, k3.transpose(1, 2), scale, out=out.view(-1, *out.shape[-2:]))
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        q, k = ctx.saved_tensors
-        if uses_cpu_kernel(q):
-            *_, a, d = q.shape
-            q3, k3 = (l1_kernels.pad_columns(x.reshape(-1, *x.shape[-2:])) for x in (q, k))
-            grad_q, grad_k = torch.empty_like(q3), torch.zeros_like(k3)
-            l1_kernels.sign_grad(grad.reshape(-1, a, k.shape[-2]).contiguous(), q3, k3, grad_q, grad_k, ctx.scale)
-            grad_q, grad_k = grad_q[..., :d].reshape(q.shape), grad_k[..., :d].reshape(k.shape)
-        else:
-            grad_q, grad_k = L1Distance.torch_backward(grad * ctx.scale, q, k, *ctx.needs_input_grad[:2])
-        return (grad_q if ctx.needs_input_grad[0] else None), (grad_k if ctx.needs_input_grad[1] else None), None
-
-    @staticmethod
-    def torch_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, needs_q: bool, needs_k: bool):
-        """``(Σ_j g_ij sign(q_i − k_j), −Σ_i g_ij sign(q_i − k_j))``, chunks of a ``(B, H, c, b, d)`` tensor."""
-        batch, heads, a, d = q.shape
-        chunk = _query_chunk(a, k.shape[-2], d, batch * heads, L1_GRAD_BUDGET)  # a module constant: Dynamo cannot
-        # read a class attribute of an autograd Function in its backward
-        grad_q = torch.empty_like(q) if needs_q else None
-        grad_k = torch.zeros_like(k) if needs_k else None
-        for start in range(0, a, chunk):
-            rows = slice(start, start + chunk)
-            sign = torch.sign(q[:, :, rows, None, :] - k[:, :, None, :, :])  # (B, H, c, b, d)
-            g = grad[:, :, rows, :, None]  # (B, H, c, b, 1)
-            if grad_q is not None:
-                grad_q[:, :, rows] = (g * sign).sum(-2)
-            if grad_k is not None:
-                grad_k -= (g * sign).sum(-3)
-        return grad_q, grad_k
 
 
 class L1Score(nn.Module):
     """EcoTransformer (Gao & Xu 2025, eq. 1): ``softmax(−λ ‖q_i − k_j‖₁ / √d + mask)``.
 
     Closer keys get larger weights (mind the sign). The distance runs in float32 with autocast
-    disabled (float64 stays float64) through :class:`L1Distance`, with the scale ``−λ/√d`` folded in,
+    disabled (float64 stays float64) through :class:`kernels.cpu.l1.ops.L1Distance`, with the scale ``−λ/√d`` folded in,
     and never materialises a ``(B, H, a, b, d)`` tensor beyond one query chunk. ``lam`` = λ, 1 by
     default (3 is the paper's "robust").
     """
@@ -236,18 +163,18 @@ class L1Score(nn.Module):
         """``self(q, k, key_mask) @ v`` ``(B, H, a, e)`` for ``v`` ``(B, H, b, e)``, in float32 (float64 stays).
 
         On CPU, where the keys or the queries are at most 128 (CUR's ``C W`` and ``R V``), the L1 forms of the
-        landmark kernels (:func:`attention.landmarks_cpu.attend` with ``l1_scale``): the ``a × b`` weights are never
+        landmark kernels (:func:`kernels.cpu.landmarks.ops.attend` with ``l1_scale``): the ``a × b`` weights are never
         stored, backward recomputes them a tile at a time. Elsewhere the weights of :meth:`forward` times ``v``.
         """
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         with autocast_off(q.device.type):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
-            if (uses_cpu_kernel(q) and landmark_kernels.kernel_for(q, k, v, mask) is not None
-                    and landmark_kernels.backward_library() is not None):
+            if (uses_kernel(q) and landmarks_cpu.kernel_for(q, k, v, mask) is not None
+                    and landmarks_cpu.backward_library() is not None):
                 return landmarks_cpu.attend(q, k, v, mask, l1_scale=self.kernel_form(q.shape[-1])[0])
             return self(q, k, key_mask) @ v
 
     def kernel_form(self, d: int) -> tuple[float, bool]:
-        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks`' kernels for this score at head size ``d``."""
+        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks.ops`' kernels for this score at head size ``d``."""
         return -self.lam / math.sqrt(d), True

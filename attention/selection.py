@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from attention import landmark_stages, paths
-from kernels.cpu import selection as selection_kernels
+from kernels.cpu.selection import ops as selection_kernels
 
 
 def _step_priority(x: torch.Tensor, key_mask: torch.Tensor, m: int, **_) -> torch.Tensor:

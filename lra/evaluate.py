@@ -31,9 +31,10 @@ from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_se
 from lra.config import CONFIG_DIR
 from lra.runtime.config_groups import check_command_line, chosen_values
 from lra.module import build_module
-from lra.runtime.results import job_overrides, write_results
+from lra.runtime.results import job_overrides, test_accuracies, write_results, write_test_predictions
 from lra.runtime.run_end import failure
-from lra.train import build_trainer, finish_wandb, test_accuracies, write_test_predictions
+from lra.runtime.trainer import build_trainer
+from lra.runtime.wandb_summary import finish_wandb
 
 
 def evaluate(cfg: DictConfig, run_dir: Path) -> dict:

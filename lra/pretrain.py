@@ -18,6 +18,8 @@ The classifier's head is not part of this stage (replaced by ``nn.Identity``), s
 ``model.*`` (the encoder) and ``lm_head.*`` (the decoder): ``init_from=<run dir>/pretrain/encoder.ckpt``
 (:func:`lra.runtime.checkpoints.load_transferred_weights`) loads the encoder, skips the decoder and leaves the head at
 its initialisation.
+
+:func:`pretrain_stage` runs the stage in ``<run dir>/pretrain/`` (``lra.train`` calls it before the supervised stage).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lra.runtime.callbacks import LastCheckpoint
-from lra.module import optimizers_per_step
+from lra.module import build_datamodule, optimizers_per_step
+from lra.runtime.run_dir import resume_checkpoint
 from lra.runtime.stage_clock import StageClock
+from lra.runtime.trainer import build_trainer
 
 ENCODER_CHECKPOINT = "encoder.ckpt"  # <run dir>/pretrain/encoder.ckpt: written when the stage ends, marks it done
 # Callbacks of configs/callbacks/ that belong to the supervised stage (best-val checkpoint, validation, its
@@ -189,3 +193,27 @@ def read_encoder_record(path: Path) -> dict:
     checkpoint = read_checkpoint(path)
     return {"pretrain_steps": checkpoint["global_step"], "pretrain_time_s": checkpoint.get("pretrain_time_s"),
             "pretrain_loss_curve": checkpoint.get("pretrain_loss_curve", [])}
+
+
+def pretrain_stage(cfg, run_dir: Path, loggers: list) -> tuple[Path, dict]:
+    """Self-pretraining in ``<run dir>/pretrain/``: ``pretrain.steps`` steps on the train split, no validation,
+    ``last.ckpt`` every ``pretrain.checkpoint_every`` steps in ``pretrain/checkpoints/`` (resumed from when
+    interrupted), then ``pretrain/encoder.ckpt`` (weights, loss curve, wall time), which marks the stage done: a
+    re-run reads it and goes on to the supervised stage. Returns its path and the record (:func:`read_encoder_record`)."""
+    stage_dir = run_dir / "pretrain"
+    encoder = stage_dir / ENCODER_CHECKPOINT
+    if not encoder.is_file():
+        L.seed_everything(cfg.seed, workers=True)
+        datamodule = build_datamodule(cfg)
+        module = build_pretrain_module(cfg)
+        trainer = build_trainer(cfg, stage_dir, loggers, pretrain_callbacks(cfg, stage_dir), max_steps=cfg.pretrain.steps,
+                                limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False)
+        resume_from, _ = resume_checkpoint(stage_dir)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+        except BaseException as error:
+            error.step, error.pretrain_step = 0, trainer.global_step  # no supervised step yet
+            raise
+        trainer.save_checkpoint(encoder, weights_only=True)  # with the stage's wall time (its clock)
+    print(f"[lra] pretraining done: {encoder}; the supervised stage starts from its encoder", flush=True)
+    return encoder, read_encoder_record(encoder)

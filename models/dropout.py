@@ -2,7 +2,7 @@
 
 :class:`Dropout` is a drop-in for ``nn.Dropout`` (a subclass: same ``p``, same empty state dict, so
 checkpoints load unchanged). In training mode with ``0 < p < 1`` on a CPU float32, float64 or bfloat16
-tensor it computes, in one pass of :func:`kernels.cpu.dropout.dropout`::
+tensor it computes, in one pass of the custom op ``lra::dropout`` (:func:`kernels.cpu.dropout.ops.dropout`)::
 
     y_i = x_i · keep_i / (1 − p),   keep_i = [ hash(seed, i) ≥ p · 2³² ],   i = flat index of x (contiguous)
 
@@ -15,14 +15,14 @@ mask of the input's size. Kept values are exactly ``x / (1 − p)`` (``1 − p``
 float32 and bfloat16); dropped ones are ``x · 0`` (NaN stays NaN, as with ``nn.Dropout``).
 
 The kernel is the custom op ``lra::dropout`` (``torch.library.custom_op`` with a fake and an autograd
-formula), so ``torch.compile`` keeps one graph and calls the same kernel: with ``fallback_random``
-(``lra.module.compile_in_place`` on CPU) the seeds come from ATen's generator in the same order, and a
-compiled step sees the eager step's masks.
+formula, beside the kernel in kernels/cpu/dropout/), so ``torch.compile`` keeps one graph and calls the
+same kernel: with ``fallback_random`` (``lra.module.compile_in_place`` on CPU) the seeds come from ATen's
+generator in the same order, and a compiled step sees the eager step's masks.
 
-Device dispatch, not a fallback: eval mode and ``p = 0`` are the identity, ``p = 1`` and tensors on
-other devices (CUDA) or of other dtypes go to ``F.dropout`` exactly as ``nn.Dropout`` does. Without a
-C++ compiler (the kernel is built on first use by :mod:`kernels.cpu.build`) it warns once and
-uses ``F.dropout`` on CPU too.
+Device dispatch (:func:`kernels.cpu.dropout.ops.takes`), not a fallback: eval mode and ``p = 0`` are the
+identity, ``p = 1`` and tensors on other devices (CUDA) or of other dtypes go to ``F.dropout`` exactly as
+``nn.Dropout`` does. Without a C++ compiler (the kernel is built on first use by :mod:`kernels.cpu.build`)
+it warns once and uses ``F.dropout`` on CPU too.
 Measured: docs/bench.md, "Dropout on CPU".
 """
 
@@ -32,41 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu import dropout as kernel
+from kernels.cpu.dropout.ops import dropout, takes
 
 SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # torch.randint's range: (almost) every 64-bit seed
-
-
-@torch.compiler.assume_constant_result
-def kernel_available() -> bool:
-    """Whether the CPU kernel is built (a constant to ``torch.compile``: building it is no part of a graph)."""
-    return kernel.library() is not None
-
-
-@torch.library.custom_op("lra::dropout", mutates_args=())
-def dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
-    """``x · keep / (1 − p)`` with ``keep_i = hash(seed, i) ≥ p · 2³²`` (CPU, ``0 < p < 1``; ``seed`` an int64
-    scalar tensor): the result is contiguous, with ``x``'s shape and dtype."""
-    return kernel.dropout(x, int(seed), p)
-
-
-@dropout.register_fake
-def _(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    _, seed, p = inputs
-    ctx.save_for_backward(seed)
-    ctx.p = p
-
-
-def _backward(ctx, grad: torch.Tensor):
-    (seed,) = ctx.saved_tensors
-    return dropout(grad, seed, ctx.p), None, None  # the same mask and scale: the op is linear in x
-
-
-dropout.register_autograd(_backward, setup_context=_setup_context)
 
 
 class Dropout(nn.Dropout):
@@ -75,7 +43,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        if self.p == 1 or x.device.type != "cpu" or x.dtype not in kernel.KERNELS or not kernel_available():
+        if not takes(x, self.p):
             return F.dropout(x, self.p, training=True)
         seed = torch.randint(SEED_LOW, SEED_HIGH, (), dtype=torch.int64)  # torch's default CPU generator
         return dropout(x, seed, self.p)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention.precision import autocast_off
+from kernels.common.precision import autocast_off
 
 
 class BidirectionalEMA(nn.Module):

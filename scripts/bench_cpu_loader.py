@@ -1,5 +1,5 @@
 """The CPU kernels' loader against the library's: first-use build time and per-call overhead of the same L1
-distance kernel (kernels/cpu/l1.cpp) bound by ctypes (kernels.cpu.build) and by torch.utils.cpp_extension with
+distance kernel (kernels/cpu/l1/l1.cpp) bound by ctypes (kernels.cpu.build) and by torch.utils.cpp_extension with
 torch.library registration. Prints one table; kernels/cpu/README.md records the numbers.
 
     python scripts/bench_cpu_loader.py [--calls 20000]
@@ -51,10 +51,11 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["LRA_KERNEL_CACHE"] = cache
-        from kernels.cpu import build, l1
+        from kernels.cpu import build
+        from kernels.cpu.l1 import ops as l1
 
         start = time.perf_counter()
-        build.build(build.source("l1.cpp"))
+        build.build(build.source("l1/l1.cpp"))
         ctypes_build = time.perf_counter() - start
         l1.library()
 
@@ -62,7 +63,7 @@ def main() -> None:
 
         simd_flags, width = build.simd()
         binding = Path(cache) / "binding.cpp"
-        binding.write_text(BINDING.format(source=build.source("l1.cpp")))
+        binding.write_text(BINDING.format(source=build.source("l1/l1.cpp")))
         start = time.perf_counter()
         cpp_extension.load(name="lra_loader_bench", sources=[str(binding)], is_python_module=False,
                            extra_cflags=["-O3", *simd_flags, f"-DLRA_VECTOR_BYTES={width}"],

@@ -1,6 +1,7 @@
 """The docs name only code that exists: every ``python -m`` target and every dotted ``lra.…``, ``attention.…``,
 ``kernels.…`` and ``models.…`` name in code (backticks, fenced blocks) in README.md, CONTRIBUTING.md and docs/*.md
-resolves to a module, or to an attribute of one. Not code: file names (``attention.md``), overrides (``+key=value``)
+resolves to a module, or to an attribute of one. Not scanned: docs/history/ (dated records that name modules as they
+were when written) and docs/runs/, docs/evaluations/ (records). Not code: file names (``attention.md``), overrides (``+key=value``)
 and attention config keys (``attention.num_landmarks``, ``attention.linear.chunk_size``), which share the
 ``attention.`` prefix with the package.
 """
@@ -80,6 +81,10 @@ def test_the_docs_quote_code_names():
 def test_every_quoted_code_name_resolves():
     missing = [f"{doc}:{line}: {name}" for doc, line, name in quoted_names() if not resolves(name)]
     assert missing == [], "docs name code that does not exist:\n" + "\n".join(missing)
+
+
+def test_dated_records_are_not_scanned():
+    assert not [doc for doc in DOCS if doc.parent != REPO_ROOT and doc.parent.name != "docs"]
 
 
 @pytest.mark.parametrize("name, exists", [("lra.module.build_attention", True), ("attention.build_attention", False),

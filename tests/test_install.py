@@ -27,18 +27,21 @@ def test_commands_are_installed():
     assert not missing, f"{missing} not in {BIN}: install the project into the virtualenv with `make setup` (pip install -e .)"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", ["lra-evaluate", "lra-report", "lra-bench", "lra-dashboard"])  # lra-train: the run below
 def test_command_starts_from_another_directory(command, tmp_path):
     proc = outside_the_checkout([str(BIN / command), "--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.process
 def test_python_m_composes_the_config_from_another_directory(tmp_path):
     proc = outside_the_checkout([sys.executable, "-m", "lra.train", "task=listops_small", "--cfg", "job"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "name: listops_small" in proc.stdout
 
 
+@pytest.mark.process
 def test_lra_train_runs_from_another_directory(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
     proc = outside_the_checkout([str(BIN / "lra-train"), *tiny_listops_overrides, "trainer.max_steps=2",

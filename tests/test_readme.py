@@ -18,6 +18,7 @@ def quick_start() -> list[str]:
     return [line.split("#", 1)[0].rstrip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not (REPO_ROOT / ".venv" / "bin" / "activate").is_file(), reason="no .venv: `make setup` makes it")
 def test_the_quick_start_runs_in_a_fresh_shell(tiny_listops, tmp_path):
     """Each line as written, in one ``bash`` with a bare environment (no venv active, no PYTHONPATH). Only the output

@@ -1,9 +1,10 @@
-"""Build and load the C++ kernels of this folder: one compiler driver, one cache, one build-or-warn policy.
+"""Build and load the C++ kernels of kernels/cpu: one compiler driver, one cache, one build-or-warn policy.
 
-Each ``<name>.cpp`` is compiled on first use with the system C++ compiler (``$CXX``, else ``c++``; ``-O3``, the
+Each method's source (``kernels/cpu/<method>/<name>.cpp``, beside the ``ops.py`` that binds it) is compiled on first use with the system C++ compiler (``$CXX``, else ``c++``; ``-O3``, the
 SIMD flags of ``torch.backends.cpu.get_cpu_capability()`` and the matching vector size ``-DLRA_VECTOR_BYTES``)
 into ``$LRA_KERNEL_CACHE`` (default ``~/.cache/lra-attention``), keyed by a hash of the source, the headers it
-includes and the flags, and loaded with ``ctypes``: a plain C ABI, no PyTorch headers (why not
+includes (beside it, else the shared ``simd.h`` and ``landmarks.h`` of kernels/cpu, which is on the include path)
+and the flags, and loaded with ``ctypes``: a plain C ABI, no PyTorch headers (why not
 ``torch.utils.cpp_extension``: kernels/cpu/README.md).
 
 Policy: a kernel with a PyTorch form to fall back on is loaded by :func:`load_or_warn` (no compiler, or a failed
@@ -29,11 +30,12 @@ SIMD_FLAGS = {  # ATen CPU capability: compiler flags and the kernels' vector si
 }
 BASELINE = ([], 16)  # any other capability: the baseline instruction set (SSE2 on x86-64, NEON on AArch64)
 I64, PTR = ctypes.c_int64, ctypes.c_void_p  # the kernels' integer and pointer argument types
+SHARED = Path(__file__).parent  # kernels/cpu: the headers every method's source may include (simd.h, landmarks.h)
 
 
 def source(name: str) -> Path:
-    """The C++ source ``name`` of this folder (e.g. ``"l1.cpp"``)."""
-    return Path(__file__).with_name(name)
+    """The C++ source ``name`` under kernels/cpu (e.g. ``"l1/l1.cpp"``)."""
+    return SHARED / name
 
 
 def simd() -> tuple[list[str], int]:
@@ -54,16 +56,23 @@ def cache_dir() -> Path:
 
 
 def local_headers(path: Path) -> list[Path]:
-    """The headers beside ``path`` that it includes (``#include "name.h"``), followed one level further (a
-    kernel's own header may include ``simd.h``): :func:`build` hashes them with the source, so an edited
-    header never loads a library built before it."""
+    """The headers ``path`` includes (``#include "name.h"``: beside it, else in :data:`SHARED`), followed one
+    level further (a shared header may include ``simd.h``): :func:`build` hashes them with the source, so an
+    edited header never loads a library built before it."""
     found: list[Path] = []
-    for file in (path, *[path.with_name(name) for name in _includes(path)]):
+    for file in (path, *[_header(path, name) for name in _includes(path)]):
         for name in _includes(file):
-            header = path.with_name(name)
+            header = _header(path, name)
             if header not in found:
                 found.append(header)
     return found
+
+
+def _header(path: Path, name: str) -> Path:
+    """The header ``name`` as the compiler finds it for ``path``: beside the source, else on the include path
+    (:data:`SHARED`)."""
+    beside = path.with_name(name)
+    return beside if beside.exists() or not (SHARED / name).exists() else SHARED / name
 
 
 def _includes(path: Path) -> list[str]:
@@ -87,7 +96,7 @@ def build(path: Path, compiler: str | None = None) -> Path:
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
         partial = library.with_name(f"{library.stem}.{os.getpid()}.partial.so")
-        command = [compiler, *flags, str(path), "-o", str(partial)]
+        command = [compiler, *flags, f"-I{SHARED}", str(path), "-o", str(partial)]  # -I: shared headers
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"compiling {path.name} failed: {' '.join(command)}\n{result.stderr[-3000:]}")

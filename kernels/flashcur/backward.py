@@ -18,7 +18,7 @@ statistics (lse, Δ) in float32; with bf16 / fp16 inputs every dot runs on tenso
 (:func:`kernels.flashcur.forward.mm_in`).
 
 No program holds more than one (tile × m) block of ``R`` or ``C``; nothing n×m or n×n is stored.
-:func:`kernels.flashcur.ops.rv_backward` and :func:`~kernels.flashcur.ops.out_backward` launch them.
+:func:`kernels.flashcur.run.rv_backward` and :func:`~kernels.flashcur.run.out_backward` launch them.
 """
 
 from __future__ import annotations

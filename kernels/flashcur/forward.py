@@ -1,16 +1,16 @@
 """FlashCUR forward kernels (François et al. 2025, §5.2, Alg. 2): three fused Triton kernels.
 
 Per sequence and head (``d`` = head_dim, ``n`` tokens, ``m`` selected rows/columns, ``s = 1/√d``); the
-Python functions that launch them are in :mod:`kernels.flashcur.ops`:
+Python functions that launch them are in :mod:`kernels.flashcur.run`:
 
-* ``_rv_fwd`` (kernel a, :func:`~kernels.flashcur.ops.rv_forward`): ``RV = softmax(s·Q_I Kᵀ + pad mask) V`` — flash attention (online
+* ``_rv_fwd`` (kernel a, :func:`~kernels.flashcur.run.rv_forward`): ``RV = softmax(s·Q_I Kᵀ + pad mask) V`` — flash attention (online
   softmax over key tiles) of the m selected query rows over all n keys; also returns the row
   log-sum-exp of ``R`` (base 2) for the backward. ``R`` (m×n) is never stored. The keys are split
   (flash-decoding's split-KV): grid ``(B·H, m / BLOCK_M, S)``, split ``s`` walks keys
   ``[s·SPLIT_N, (s+1)·SPLIT_N)`` and writes its normalised partial ``RV_s`` and ``lse_s``; the merge
   ``lse = log2 Σ_s 2^{lse_s}``, ``RV = Σ_s 2^{lse_s − lse} RV_s`` is exact (torch ops when ``S > 1``).
-* ``_u_fwd`` (kernel b, :func:`~kernels.flashcur.ops.u_forward`): ``U = softmax(s·Q_I K_Jᵀ)`` (m×m), equal to ``C[I, :]`` (§4.1).
-* ``_out_fwd`` (kernel c, :func:`~kernels.flashcur.ops.out_forward`): per query tile, ``Y = softmax(s·Q K_Jᵀ) W`` with ``W = U⁺ RV``
+* ``_u_fwd`` (kernel b, :func:`~kernels.flashcur.run.u_forward`): ``U = softmax(s·Q_I K_Jᵀ)`` (m×m), equal to ``C[I, :]`` (§4.1).
+* ``_out_fwd`` (kernel c, :func:`~kernels.flashcur.run.out_forward`): per query tile, ``Y = softmax(s·Q K_Jᵀ) W`` with ``W = U⁺ RV``
   (the m keys in chunks of BLOCK_M with an online softmax, like kernel a over its key tiles: the
   float32 product with ``W`` runs on FMA units, whose registers grow with its length), then rows
   ``I`` overwritten by ``RV``; also
@@ -71,7 +71,7 @@ def _rv_fwd(
     """One program: BLOCK_M selected query rows of one (batch, head) over the keys of split ``program_id(2)``
     (``SPLIT_N`` keys, a multiple of BLOCK_N); online softmax over key tiles. Writes the split's normalised
     partial ``RV_s`` and log-sum-exp ``lse_s`` at ``[bh, s]`` of ``(B·H, S, M, ·)`` (merged in
-    :func:`kernels.flashcur.ops.rv_forward`; with one split they are ``RV`` and its lse)."""
+    :func:`kernels.flashcur.run.rv_forward`; with one split they are ``RV`` and its lse)."""
     pid_bh = tl.program_id(0)
     split = tl.program_id(2)
     part = pid_bh * tl.num_programs(2) + split

@@ -1,18 +1,19 @@
-"""Launch parameters of the FlashCUR kernels: the one function the wrappers and the AOT test share.
+"""Launch parameters of the FlashCUR kernels: tiles, warps and stages per architecture, dtype and shape.
 
 :func:`launch_config` gives, for a kernel, a shape ``(n, m, d)``, an input dtype and a GPU
 architecture, every compile-time parameter of the launch — block sizes, ``F32_DOT``/``PRECISION``,
 ``M`` where it is a constexpr, ``num_warps``, ``num_stages`` — memoised per shape; :func:`splits` the split of n
 for the kernels whose programs walk all n tokens (:data:`SPLIT_KERNELS`: at least :data:`TARGET_PROGRAMS`
-programs, two waves on an H100 / H200). The wrappers in
-:mod:`kernels.flashcur.ops` launch with it (:func:`config`, :func:`launch`), and
-``tests/kernels/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:func:`compile_kernel`), so what
+programs, two waves on an H100 / H200). :mod:`kernels.flashcur.run` launches with it (:func:`config`, :func:`launch`),
+and ``tests/kernels/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:func:`compile_kernel`), so what
 the test checks is what runs. Shared memory limits, the estimate and the interpreter switch are
 :mod:`kernels.common.launch`'s.
 
 Pointer argument types (:data:`POINTER_TYPES`) are part of the contract too: under the interpreter
 :func:`launch` checks that the tensors passed have them, so the AOT signature cannot drift from the
 real launch.
+
+The functions that allocate and launch with these parameters: :mod:`kernels.flashcur.run`.
 """
 
 from __future__ import annotations

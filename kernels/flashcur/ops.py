@@ -1,37 +1,29 @@
-"""The Python side of the FlashCUR kernels: one function per kernel (pair), which allocates the outputs,
-takes the launch parameters for this shape, dtype and GPU (:func:`kernels.flashcur.launch.config`) and
-launches (:func:`kernels.flashcur.launch.launch`). The custom ops that wrap them (fake implementations,
-autograd) and chain them (with ``W = pinv(U) RV`` in PyTorch between kernels b and c) are in
-:mod:`attention.flashcur`.
+"""The FlashCUR kernels as ``torch.library`` custom ops (``lra_flashcur::*``): one dispatcher op per kernel (pair)
+of :mod:`kernels.flashcur.run`, a fake implementation (shapes and dtypes only) that serves the ``meta`` device and
+``torch.compile``'s tracing, the autograd formulas registered on the forward ops (the backward ops run under
+no_grad: no double backward), and a FLOP formula per op for ``torch.utils.flop_counter`` (which cannot see inside
+the kernels: :data:`PRODUCTS`). :mod:`attention.flashcur` chains them (with ``W = pinv(U) RV`` in PyTorch between
+kernels b and c); the plain PyTorch reference they are tested against is :mod:`kernels.flashcur.naive`.
 
-Forward: :func:`rv_forward` (kernel a), :func:`u_forward` (kernel b), :func:`out_forward` (kernel c)
-of :mod:`kernels.flashcur.forward`; backward: :func:`rv_backward` (kernel a's gradients) and
-:func:`out_backward` (the ``C W`` part of kernel c) of :mod:`kernels.flashcur.backward`. Shapes are
-``(B, H, ·, d)``; see those modules for the equations and layouts.
-
-The kernels whose programs walk all n tokens (``_rv_fwd``, ``_rv_bwd_q``, ``_out_bwd_kw``: a block of m
-rows or keys each) split n into ``S`` parts on a third grid axis (:func:`kernels.flashcur.launch.splits`:
-at least two waves of programs on an H100 / H200) and write float32 per-split partials ``(B, H, S, m, ·)``,
-combined here: ``_rv_fwd``'s by the log-sum-exp merge :func:`merge_splits`, the gradients' by a sum over
-``S``. Deterministic (no atomics); with ``S = 1`` the partial is the result (no extra launch). Every function
-only allocates and launches, so it runs on ``meta`` tensors inside :func:`kernels.common.launch.recording`
-(the launch plan).
+* ``rv_forward(q_sel, k, v, key_mask) -> (RV, lse)`` (kernel a) and its backward ``rv_backward``;
+* ``u_forward(q_sel, k_sel, valid_k) -> U`` (kernel b; its m × m backward in PyTorch, here);
+* ``out_forward(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows) -> (Y, lse)`` (kernel c) and its
+  backward ``out_backward`` (the ``C W`` part; rows ``I`` of ``Y`` are ``RV``, whose gradient is gathered here).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import triton
+import torch.nn.functional as F
+from torch.utils.flop_counter import register_flop_formula
 
-from kernels.flashcur import launch as kernel_launch
-from kernels.flashcur.launch import config, launch, splits
+from kernels.common.precision import autocast_off
+from kernels.flashcur import run
 
-LOG2E = 1.4426950408889634
+Tensor = torch.Tensor
 
 # Matrix products (each n × m × d, i.e. 2·n·m·d FLOPs per sequence and head) the kernels of each op run, for
-# ``torch.utils.flop_counter`` (registered in :mod:`attention.flashcur`): rv_forward: scores, P·V; out_forward:
+# ``torch.utils.flop_counter`` (registered below): rv_forward: scores, P·V; out_forward:
 # scores, P·W; rv_backward: _rv_bwd_kv (scores, Pᵀ·dRV, V·dRVᵀ, dSᵀ·Q_I) + _rv_bwd_q (scores, dRV·Vᵀ, dS·K);
 # out_backward: _out_bwd_q (two passes: scores and dY·Wᵀ for Δ, then scores, dY·Wᵀ, dS·K_J) + _out_bwd_kw
 # (scores, Pᵀ·dY, W·dYᵀ, dSᵀ·Q). u_forward runs one m × m × d product (scores).
@@ -47,143 +39,151 @@ def flops(op: str, batch_heads: int, n: int, m: int, d: int) -> int:
     return 2 * PRODUCTS[op] * batch_heads * n * m * d
 
 
-def _scale(d: int) -> float:
-    return LOG2E / math.sqrt(d)
 
 
-def _split(kernel: str, cfg, batch_heads: int, n: int, m: int) -> tuple[int, int]:
-    """``(S, SPLIT_N)`` of a launch of ``kernel`` (one of :data:`kernels.flashcur.launch.SPLIT_KERNELS`)."""
-    programs = batch_heads * (m // cfg.constexprs["BLOCK_M"])
-    return splits(programs, n, cfg.constexprs["BLOCK_N"], kernel_launch.TARGET_PROGRAMS)
+@torch.library.custom_op("lra_flashcur::rv_forward", mutates_args=())
+def rv_forward(q_sel: Tensor, k: Tensor, v: Tensor, key_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` (kernel a) -> ``(RV, lse)``, float32 ``(B,H,m,d)``, ``(B,H,m)``."""
+    return run.rv_forward(q_sel, k, v, key_mask)
 
 
-def _partials(batch: int, heads: int, parts: int, *tail: int, like: torch.Tensor) -> torch.Tensor:
-    """An empty float32 ``(B, H, S, *tail)`` for per-split partials, or ``(B, H, *tail)`` with one split (the kernels
-    index both alike: partial ``[bh, s]`` at ``(bh·S + s)·prod(tail)``), so one split is the result itself."""
-    return torch.empty(batch, heads, *([parts] if parts > 1 else []), *tail, device=like.device, dtype=torch.float32)
+@rv_forward.register_fake
+def _(q_sel, k, v, key_mask):
+    return q_sel.new_empty(q_sel.shape, dtype=torch.float32), q_sel.new_empty(q_sel.shape[:-1], dtype=torch.float32)
 
 
-def merge_splits(rv_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(RV, lse)`` from per-split normalised partials ``RV_s`` ``(B,H,S,m,d)`` and base-2 ``lse_s`` ``(B,H,S,m)``:
-    ``lse = log2 Σ_s 2^{lse_s}``, ``RV = Σ_s 2^{lse_s − lse} RV_s`` (a split without a real key has
-    ``lse_s = −1e30``, ``RV_s = 0``: weight 0)."""
-    top = lse_parts.amax(2, keepdim=True)
-    weight = torch.exp2(lse_parts - top)  # (B, H, S, m)
-    total = weight.sum(2, keepdim=True)
-    rv = torch.einsum("bhsm,bhsmd->bhmd", weight / total, rv_parts)
-    return rv, (top + torch.log2(total)).squeeze(2)
+@torch.library.custom_op("lra_flashcur::rv_backward", mutates_args=())
+def rv_backward(q_sel: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, rv: Tensor, lse: Tensor,
+                d_rv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel (a)'s tiled backward -> ``(dQ_I, dK, dV)``: ``dQ_I`` float32 (m×d), ``dK, dV`` in the inputs' dtype."""
+    return run.rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
 
 
-def rv_forward(q_sel: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
-    """Kernel (a). ``q_sel`` ``(B,H,m,d)``, ``k, v`` ``(B,H,n,d)``, ``key_mask`` bool ``(B,n)``.
-
-    Returns ``RV`` float32 ``(B,H,m,d)`` and the base-2 log-sum-exp of ``R``'s rows, float32 ``(B,H,m)``.
-    """
-    B, H, m, d = q_sel.shape
-    n = k.shape[2]
-    cfg = config("_rv_fwd", n, m, d, q_sel)
-    parts, split_n = _split("_rv_fwd", cfg, B * H, n, m)
-    rv, lse = _partials(B, H, parts, m, d, like=q_sel), _partials(B, H, parts, m, like=q_sel)
-    mask = key_mask.to(torch.uint8)
-    launch(
-        "_rv_fwd", (B * H, m // cfg.constexprs["BLOCK_M"], parts), cfg,
-        q_sel, k, v, mask, rv, lse,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), mask.stride(0),
-        H, n, d, m, split_n, _scale(d),
-        loop=("keys", triton.cdiv(split_n, cfg.constexprs["BLOCK_N"])),
-    )
-    return merge_splits(rv, lse) if parts > 1 else (rv, lse)
+@rv_backward.register_fake
+def _(q_sel, k, v, key_mask, rv, lse, d_rv):
+    return q_sel.new_empty(q_sel.shape, dtype=torch.float32), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def u_forward(q_sel: torch.Tensor, k_sel: torch.Tensor, valid_k: torch.Tensor) -> torch.Tensor:
-    """Kernel (b). ``q_sel, k_sel`` ``(B,H,m,d)``, ``valid_k`` bool ``(B,H,m)`` (usable key slots)
-    -> ``U = softmax(s·Q_I K_Jᵀ)`` over the valid slots, float32 ``(B,H,m,m)``."""
-    B, H, m, d = q_sel.shape
-    cfg = config("_u_fwd", m, m, d, q_sel)
-    u = torch.empty(B, H, m, m, device=q_sel.device, dtype=torch.float32)
-    launch("_u_fwd", (B * H, m // cfg.constexprs["BLOCK_M"]), cfg, q_sel, k_sel, valid_k.to(torch.uint8), u, d, _scale(d),
-           loop=("none", 1))
-    return u
+def _rv_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+    ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
 
 
-def out_forward(q, k_sel, valid_k, w, rv, slot):
-    """Kernel (c). ``q`` ``(B,H,n,d)``, ``k_sel`` ``(B,H,m,d)``, ``valid_k`` bool ``(B,H,m)`` (the
-    columns of ``C`` to keep), ``w, rv`` float32 ``(B,H,m,d)``,
-    ``slot`` int32 ``(B,H,n)`` (position of each row in ``I``, −1 if not selected).
-
-    Returns ``Y`` ``(B,H,n,d)`` in ``q``'s dtype and the base-2 log-sum-exp of ``C``'s rows ``(B,H,n)``.
-    """
-    B, H, n, d = q.shape
-    m = k_sel.shape[2]
-    cfg = config("_out_fwd", n, m, d, q)
-    out = torch.empty(B, H, n, d, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, H, n, device=q.device, dtype=torch.float32)
-    launch(
-        "_out_fwd", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
-        q, k_sel, valid_k.to(torch.uint8), w, rv, slot, out, lse,
-        q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        H, n, d, _scale(d),
-        loop=("slots", triton.cdiv(m, cfg.constexprs["BLOCK_M"])),
-    )
-    return out, lse
+def _rv_grad(ctx, d_rv, d_lse):
+    q_sel, k, v, key_mask, rv, lse = ctx.saved_tensors
+    dq_sel, dk, dv = rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv)
+    return dq_sel.to(q_sel.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
-def _strides(*tensors: torch.Tensor) -> list[int]:
-    return [s for t in tensors for s in t.stride()[:3]]
+rv_forward.register_autograd(_rv_grad, setup_context=_rv_setup)
 
 
-def rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv):
-    """Gradients of kernel (a): ``dQ_I`` float32 ``(B,H,m,d)``, ``dK, dV`` ``(B,H,n,d)`` in ``k``'s dtype."""
-    B, H, m, d = q_sel.shape
-    n = k.shape[2]
-    d_rv = d_rv.float().contiguous()
-    delta = (d_rv * rv).sum(-1)  # Δ_R (B, H, m)
-    mask = key_mask.to(torch.uint8)
-    dk = torch.empty(B, H, n, d, device=k.device, dtype=k.dtype)
-    dv = torch.empty_like(dk)
-    common = (*_strides(k, v), mask.stride(0))
-    qk_scale, sm_scale = _scale(d), d**-0.5
-    cfg = config("_rv_bwd_kv", n, m, d, q_sel)
-    launch(
-        "_rv_bwd_kv", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
-        q_sel, k, v, mask, d_rv, lse, delta, dk, dv, *common, H, n, d, qk_scale, sm_scale,
-        loop=("slots", triton.cdiv(m, cfg.constexprs["BLOCK_M"])),
-    )
-    cfg = config("_rv_bwd_q", n, m, d, q_sel)
-    parts, split_n = _split("_rv_bwd_q", cfg, B * H, n, m)
-    dq_sel = _partials(B, H, parts, m, d, like=k)
-    launch(
-        "_rv_bwd_q", (B * H, m // cfg.constexprs["BLOCK_M"], parts), cfg,
-        q_sel, k, v, mask, d_rv, lse, delta, dq_sel, *common, H, n, d, m, split_n, qk_scale, sm_scale,
-        loop=("keys", triton.cdiv(split_n, cfg.constexprs["BLOCK_N"])),
-    )
-    return dq_sel.sum(2) if parts > 1 else dq_sel, dk, dv
+@torch.library.custom_op("lra_flashcur::u_forward", mutates_args=())
+def u_forward(q_sel: Tensor, k_sel: Tensor, valid_k: Tensor) -> Tensor:
+    """``U = softmax(s·Q_I K_Jᵀ)`` over valid key slots (kernel b), float32 ``(B,H,m,m)``; m×m backward in PyTorch."""
+    return run.u_forward(q_sel, k_sel, valid_k)
 
 
-def out_backward(q, k_sel, valid_k, w, slot, lse, d_out):
-    """Gradients of the ``C W`` part of kernel (c): ``dQ`` ``(B,H,n,d)`` in ``q``'s dtype, ``dK_J, dW`` float32
-    ``(B,H,m,d)``."""
-    B, H, n, d = q.shape
-    m = k_sel.shape[2]
-    if d_out.stride(-1) != 1:
-        d_out = d_out.contiguous()
-    dq = torch.empty(B, H, n, d, device=q.device, dtype=q.dtype)
-    delta = torch.empty(B, H, n, device=q.device, dtype=torch.float32)
-    common = _strides(q, d_out)
-    valid_k = valid_k.to(torch.uint8)
-    qk_scale, sm_scale = _scale(d), d**-0.5
-    cfg = config("_out_bwd_q", n, m, d, q)
-    launch(
-        "_out_bwd_q", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
-        q, k_sel, valid_k, w, slot, d_out, lse, dq, delta, *common, H, n, d, qk_scale, sm_scale,
-        loop=("slots", 2 * triton.cdiv(m, cfg.constexprs["BLOCK_M"])),  # two passes over the keys
-    )
-    cfg = config("_out_bwd_kw", n, m, d, q)
-    parts, split_n = _split("_out_bwd_kw", cfg, B * H, n, m)
-    dk_sel, dw = _partials(B, H, parts, m, d, like=q), _partials(B, H, parts, m, d, like=q)
-    launch(
-        "_out_bwd_kw", (B * H, m // cfg.constexprs["BLOCK_M"], parts), cfg,
-        q, k_sel, valid_k, w, slot, d_out, lse, delta, dk_sel, dw, *common, H, n, d, m, split_n, qk_scale, sm_scale,
-        loop=("queries", triton.cdiv(split_n, cfg.constexprs["BLOCK_N"])),
-    )
-    return (dq, dk_sel.sum(2), dw.sum(2)) if parts > 1 else (dq, dk_sel, dw)
+@u_forward.register_fake
+def _(q_sel, k_sel, valid_k):
+    return q_sel.new_empty(*q_sel.shape[:-1], k_sel.shape[-2], dtype=torch.float32)
+
+
+def _u_setup(ctx, inputs, output):
+    q_sel, k_sel, _ = inputs
+    ctx.save_for_backward(q_sel, k_sel, output)
+
+
+def _u_grad(ctx, d_u):
+    q_sel, k_sel, u = ctx.saved_tensors
+    batch, heads, m, d = q_sel.shape
+    with autocast_off(u.device.type):
+        d_scores = torch._softmax_backward_data(d_u, u, -1, u.dtype).view(-1, m, m)  # u ⊙ (dU − Σ dU ⊙ u)
+        q_rows, k_rows = q_sel.float().view(-1, m, d), k_sel.float().view(-1, m, d)
+        # the softmax's scale s in the products' alpha: dQ_I = s dS K_J, dK_J = s dSᵀ Q_I (beta 0: no input read)
+        dq_sel = torch.baddbmm(q_rows, d_scores, k_rows, beta=0, alpha=d**-0.5).view(q_sel.shape)
+        dk_sel = torch.baddbmm(k_rows, d_scores.mT, q_rows, beta=0, alpha=d**-0.5).view(k_sel.shape)
+    return dq_sel.to(q_sel.dtype), dk_sel.to(k_sel.dtype), None
+
+
+u_forward.register_autograd(_u_grad, setup_context=_u_setup)
+
+
+@torch.library.custom_op("lra_flashcur::out_forward", mutates_args=())
+def out_forward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, rv: Tensor, slot: Tensor,
+                index_q: Tensor, overwrite_rows: bool) -> tuple[Tensor, Tensor]:
+    """``Y = softmax(s·Q K_Jᵀ) W`` with rows ``I`` set to ``RV`` (kernel c) -> ``(Y, lse)``; ``index_q`` and
+    ``overwrite_rows`` serve the backward (``slot`` already encodes the rows in the forward)."""
+    return run.out_forward(q, k_sel, valid_k, w, rv, slot)
+
+
+@out_forward.register_fake
+def _(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("lra_flashcur::out_backward", mutates_args=())
+def out_backward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, slot: Tensor, lse: Tensor,
+                 d_y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel (c)'s tiled backward (the ``C W`` part) -> ``(dQ, dK_J, dW)``: ``dQ`` in ``q``'s dtype, the m×d ones float32."""
+    return run.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+
+
+@out_backward.register_fake
+def _(q, k_sel, valid_k, w, slot, lse, d_y):
+    return q.new_empty(q.shape), *(x.new_empty(x.shape, dtype=torch.float32) for x in (k_sel, w))
+
+
+def _out_setup(ctx, inputs, output):
+    q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows = inputs
+    ctx.save_for_backward(q, k_sel, valid_k, w, slot, output[1], index_q)
+    ctx.m_padded = rv.shape[2]
+    ctx.overwrite_rows = overwrite_rows
+    ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
+
+
+def _out_grad(ctx, d_y, d_lse):
+    q, k_sel, valid_k, w, slot, lse, index_q = ctx.saved_tensors
+    dq, dk_sel, dw = out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+    d_rv = None
+    if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
+        rows = d_y.gather(2, index_q[..., None].expand(*index_q.shape, d_y.shape[-1]))
+        d_rv = rows.float()  # m rows: no n-sized float32 copy of dY
+        if ctx.m_padded > index_q.shape[2]:
+            d_rv = F.pad(d_rv, (0, 0, 0, ctx.m_padded - index_q.shape[2]))
+    return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None
+
+
+out_forward.register_autograd(_out_grad, setup_context=_out_setup)
+
+
+# FLOP formulas for torch.utils.flop_counter.FlopCounterMode (it does not see inside Triton kernels): the
+# matmul FLOPs the kernels of each op run (PRODUCTS), from the argument shapes.
+@register_flop_formula(torch.ops.lra_flashcur.rv_forward)
+def _(q_sel, k, v, key_mask, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, m, d = q_sel
+    return flops("rv_forward", batch * heads, k[2], m, d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.rv_backward)
+def _(q_sel, k, v, key_mask, rv, lse, d_rv, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, m, d = q_sel
+    return flops("rv_backward", batch * heads, k[2], m, d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.u_forward)
+def _(q_sel, k_sel, valid_k, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, m, d = q_sel
+    return flops("u_forward", batch * heads, 0, m, d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.out_forward)
+def _(q, k_sel, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, n, d = q
+    return flops("out_forward", batch * heads, n, k_sel[2], d)
+
+
+@register_flop_formula(torch.ops.lra_flashcur.out_backward)
+def _(q, k_sel, *args, out_shape=None, **kwargs) -> int:
+    batch, heads, n, d = q
+    return flops("out_backward", batch * heads, n, k_sel[2], d)

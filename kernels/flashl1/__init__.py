@@ -3,6 +3,8 @@
 * :mod:`kernels.flashl1.forward`: the forward kernel (online softmax) and the distance tiles.
 * :mod:`kernels.flashl1.backward`: the gradient kernels, ``P`` recomputed tile by tile.
 * :mod:`kernels.flashl1.launch`: launch parameters per GPU architecture and dtype (what
-  ``tests/kernels/test_flashl1.py`` compiles), the functions that launch the kernels, and the autograd
-  wrapper :func:`~kernels.flashl1.launch.flash_l1_attention` that :mod:`attention.l1` calls.
+  ``tests/kernels/test_flashl1.py`` compiles) and the functions that launch the kernels.
+* :mod:`kernels.flashl1.ops`: the autograd Function :class:`~kernels.flashl1.ops.FlashL1` and its checked entry
+  point :func:`~kernels.flashl1.ops.flash_l1_attention` (what :mod:`attention.l1` calls).
+* :mod:`kernels.flashl1.naive`: the plain PyTorch reference (the dense float64 formula).
 """

@@ -2,7 +2,7 @@
 
 Notation of :mod:`kernels.pinv.forward`. From ``G = ∂L/∂Z_{n_iter}``, for ``k = n_iter − 1 … 0``, with
 ``Z = Z_k`` (read from the forward's saved iterates, ``Z₀`` recomputed from ``A``) and ``AZ, W, inner, S``
-recomputed (three products), the chain rule of :class:`attention.pinv._Iterations`::
+recomputed (three products), the chain rule of :class:`kernels.pinv.ops.Iterations`::
 
     ∂S = Zᵀ G                       ∂inner = −¼ (AZ)ᵀ ∂S
     ∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner
@@ -11,7 +11,7 @@ recomputed (three products), the chain rule of :class:`attention.pinv._Iteration
 Then ``Z₀ = Aᵀ / norm``: ``∂A += Gᵀ / norm`` and ``∂norm = −Σ G ⊙ Z₀ / norm``. With a global norm (passed
 in) ``∂norm`` is written per problem and PyTorch sums it and differentiates the norm. Per problem
 (``norm = max(c·r, tiny)``, ``c = max_j Σ_i |a_ij|``, ``r = max_i Σ_j |a_ij|``) the kernel finishes as
-autograd does through ``attention/pinv.py``'s PyTorch form: ``clamp_min`` passes the gradient where
+autograd does through the PyTorch form (``kernels/pinv/ops.py``): ``clamp_min`` passes the gradient where
 ``c·r ≥ tiny``, ``amax`` splits it evenly among tied maxima, ``|a|`` multiplies by ``sign(a)`` (0 at 0)::
 
     ∂A_ij += sign(a_ij) · (∂norm · r · [c_j = c] / #{c_j = c}  +  ∂norm · c · [r_i = r] / #{r_i = r})

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# torch.finfo(torch.float32).tiny: the clamp of the norm product (attention/pinv.py)
+# torch.finfo(torch.float32).tiny: the clamp of the norm product (kernels.pinv.ops.start_norm)
 TINY = tl.constexpr(1.1754943508222875e-38)
 
 

@@ -1,4 +1,21 @@
-"""The fused pseudo-inverse as ``torch.library`` custom ops: one kernel launch forward, one backward.
+"""The iterative pseudo-inverse's ops: where each form runs (:func:`backend`, the one choice), the fused Triton
+kernels as ``torch.library`` custom ops, and the PyTorch form's autograd (over the C++ CPU kernel of
+:mod:`kernels.cpu.pinv` where it takes the operands). The method, its inits and its checks: :mod:`attention.pinv`;
+the plain reference every form is tested against: :mod:`kernels.pinv.naive`.
+
+:func:`pinv` runs ``a`` ``(..., m, m)`` (float32 or float64, autocast off, arguments checked by the caller) in the
+form :func:`backend` picks:
+
+* ``"triton"``: float32 on CUDA (or ``meta``, the fake implementations) with ``m ≤ 64``: the custom ops below, one
+  launch forward, one backward.
+* ``"cpu"``: float32 CPU tensors the C++ kernel takes (:func:`kernels.cpu.pinv.takes`): its steps, and with autograd
+  :class:`Iterations` over its forward and backward.
+* ``"pytorch"``: everything else (float64, ``m > 64`` on CUDA, CPU sizes the kernel does not take): :func:`steps`,
+  with autograd :class:`Iterations`.
+
+With ``recompute`` the non-fused forms keep only ``a`` for the backward (:class:`_RecomputedPinv`, FlashCUR).
+
+The custom ops:
 
 * ``lra_pinv::forward(a, norm, n_iter, save) -> (Z, saved)`` runs ``_pinv_fwd`` of :mod:`kernels.pinv.forward`
   on ``a`` ``(P, m, m)`` float32: ``Z`` ``(P, m, m)`` after ``n_iter`` steps, and with ``save`` the step inputs
@@ -13,7 +30,7 @@ each stays one node), and the backward is registered as the forward's autograd f
 Memory kept for the backward: ``(n_iter − 1) · m²`` floats per problem (the iterates), where autograd through
 the PyTorch form keeps five ``m × m`` matrices per step; the backward recomputes ``AZ, W, inner, S`` from them
 (three of its eleven products per step) rather than reading four more saved matrices per step.
-:func:`fused_pinv` is the entry point (what :func:`attention.pinv.iterative_pinv` calls on CUDA).
+:func:`fused_pinv` is their checked entry point (benchmarks, tests); :func:`pinv` calls them unchecked.
 """
 
 from __future__ import annotations
@@ -25,6 +42,8 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from kernels.common.launch import interpreted, planning
+from kernels.common.precision import autocast_off
+from kernels.cpu import pinv as cpu_pinv
 from kernels.pinv import launch
 
 Tensor = torch.Tensor
@@ -123,22 +142,167 @@ def _(a, norm, saved, grad_z, n_iter, *args, out_shape=None, **kwargs) -> int:
     return BACKWARD_PRODUCTS * n_iter * problems * 2 * m**3
 
 
+def check_iterations(n_iter: int) -> None:
+    """The pseudo-inverse's one check of its iteration count (``attention.pinv_iters``)."""
+    if n_iter < 1:
+        raise ValueError(f"pinv_iters must be >= 1, got {n_iter}")
+
+
 def fused_pinv(a: Tensor, n_iter: int, norm: Tensor | None = None) -> Tensor:
     """``n_iter`` Newton–Schulz steps from ``Z₀ = Aᵀ / norm`` on ``a`` ``(P, m, m)`` float32 -> ``(P, m, m)``.
 
     ``norm``: None (per problem, ``max(‖A‖₁ ‖A‖∞, tiny)`` in the kernel) or a one-element float32 tensor
     (global, differentiable). ``1 ≤ m ≤ 64`` (:func:`kernels.pinv.launch.takes`). Differentiable in ``a``
     and ``norm``; the iterates are kept only when autograd records the call. O(n_iter · m³) per problem.
+    The arguments are checked here (:func:`pinv` runs the same ops on what :func:`backend` already admitted).
     """
     if a.dim() != 3 or a.shape[1] != a.shape[2] or not launch.takes(a.shape[1]):
         raise ValueError(
             f"fused_pinv expects (P, m, m) float32 matrices with 1 <= m <= {launch.MAX_M}, got {tuple(a.shape)}"
         )
-    if n_iter < 1:
-        raise ValueError(f"pinv_iters must be >= 1, got {n_iter}")
+    check_iterations(n_iter)
     launch.check_float32(a, *([] if norm is None else [norm]))
     if norm is not None and norm.numel() != 1:
         raise ValueError(f"fused_pinv takes one global norm (a one-element tensor), got shape {tuple(norm.shape)}")
+    return _fused(a, n_iter, norm)
+
+
+def _fused(a: Tensor, n_iter: int, norm: Tensor | None) -> Tensor:
+    """:func:`fused_pinv` without its checks."""
     save = torch.is_grad_enabled() and (a.requires_grad or (norm is not None and norm.requires_grad))
     z, _ = pinv_forward(a.contiguous(), None if norm is None else norm.reshape(()), n_iter, save)
     return z
+
+
+# ---- the one choice of the form, and the PyTorch form (any device; the C++ CPU kernel where it takes a) ----------
+
+
+def backend(a: Tensor, fused: bool = True) -> str:
+    """The form that runs the pseudo-inverse of ``a`` ``(P, m, m)`` (float32 or float64): ``"triton"`` (float32 on a
+    CUDA device, or on ``meta`` so that a trace there sees the CUDA path, with ``m ≤ 64``: one problem per program,
+    held in registers; never with ``fused=False``), ``"cpu"`` (the C++ kernel takes it: :func:`kernels.cpu.pinv.takes`)
+    or ``"pytorch"``."""
+    if fused and a.dtype == torch.float32 and a.device.type in ("cuda", "meta") and launch.takes(a.shape[-1]):
+        return "triton"
+    return "cpu" if cpu_pinv.takes(a) else "pytorch"
+
+
+def pinv(a: Tensor, n_iter: int, init: str = "per_head", fused: bool = True, recompute: bool = False) -> Tensor:
+    """Pseudo-inverse of ``a`` ``(..., m, m)`` after ``n_iter`` steps -> ``(..., m, m)``, in the form :func:`backend`
+    picks (``fused=False``: not the Triton kernels). ``a`` is float32 or float64 and autocast is off; ``n_iter`` and
+    ``init`` (``per_head`` | ``global``) were checked by the caller (:func:`attention.pinv.iterative_pinv`).
+    ``recompute``: the non-fused forms keep only ``a`` for the backward (:class:`_RecomputedPinv`)."""
+    m = a.shape[-1]
+    flat = a.reshape(-1, m, m)  # one batch dimension for the kernels and bmm/baddbmm
+    form = backend(flat, fused)
+    if form == "triton":
+        norm = start_norm(a, init) if init == "global" else None  # per_head: the kernel takes each matrix's norms
+        return _fused(flat, n_iter, norm).reshape(a.shape)
+    if recompute:
+        return _RecomputedPinv.apply(a, n_iter, init, form == "cpu")
+    return _pytorch(a, n_iter, init, form == "cpu")
+
+
+def start_norm(a: Tensor, init: str) -> Tensor:
+    """The scale of ``Z₀ = Aᵀ / norm``: ``max(‖A‖₁ ‖A‖∞, tiny)`` per matrix ``(..., 1, 1)``, or with ``global``
+    one value ``(1, 1)`` from the maxima over all matrices. Differentiable (the norm is not detached)."""
+    absolute = a.abs()
+    col_sum = absolute.sum(-2).amax(-1)  # ‖A‖₁, (...)
+    row_sum = absolute.sum(-1).amax(-1)  # ‖A‖∞, (...)
+    if init == "global":
+        col_sum, row_sum = col_sum.amax(), row_sum.amax()  # one maximum over batch and heads, ()
+    return (col_sum * row_sum).clamp_min(torch.finfo(a.dtype).tiny)[..., None, None]
+
+
+def _pytorch(a: Tensor, n_iter: int, init: str, cpu_kernel: bool) -> Tensor:
+    """The PyTorch form: ``Z₀`` from :func:`start_norm`, then the steps by the C++ kernel (``cpu_kernel``) or
+    :func:`steps`, one autograd node (:class:`Iterations`) when autograd records ``a``."""
+    shape, m = a.shape, a.shape[-1]
+    norm = start_norm(a, init)
+    a = a.reshape(-1, m, m)
+    z = a.transpose(-1, -2) / norm.reshape(-1, 1, 1)
+    if torch.is_grad_enabled() and z.requires_grad:  # z carries a's requires_grad
+        z = Iterations.apply(a, z, n_iter, cpu_kernel)
+    elif cpu_kernel:
+        z = cpu_pinv.iterate(a, z, n_iter, keep=False)[0]
+    else:
+        z = steps(a, z, n_iter)
+    return z.reshape(shape)
+
+
+def steps(a: Tensor, z: Tensor, n_iter: int, saved: list | None = None) -> Tensor:
+    """``n_iter`` steps ``Z ← Z S``, ``S = ¼ (13I − AZ(15I − AZ(7I − AZ)))``, on ``(P, m, m)`` matrices; with
+    ``saved``, each step's ``(Z, AZ, W = 7I − AZ, inner = 15I − AZ W, S)`` is appended for the backward."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    eye_7, eye_15, eye_13_4 = 7 * eye, 15 * eye, 3.25 * eye
+    for _ in range(n_iter):
+        az = torch.bmm(a, z)
+        w = eye_7 - az
+        inner = torch.baddbmm(eye_15, az, w, alpha=-1)  # 15I − AZ(7I − AZ)
+        step = torch.baddbmm(eye_13_4, az, inner, alpha=-0.25)  # (13I − AZ·inner) / 4
+        if saved is not None:
+            saved.append((z, az, w, inner, step))
+        z = torch.bmm(z, step)
+    return z
+
+
+class Iterations(torch.autograd.Function):
+    """:func:`steps` as one autograd node: the same forward, and a backward that is exactly the chain rule through
+    every step, written as eight GEMMs per step with the constants folded into their ``alpha`` (``baddbmm``), where
+    autograd adds a scaling, a negation and an accumulation pass per product. Per step, from ``G = ∂L/∂Z'``:
+    ``∂S = Zᵀ G``, ``∂Z = G Sᵀ``, ``∂inner = −¼ (AZ)ᵀ ∂S``, ``∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner``,
+    then ``∂A += ∂(AZ) Zᵀ`` and ``∂Z += Aᵀ ∂(AZ)``. With ``cpu_kernel`` (:func:`backend`'s ``"cpu"``) forward and
+    backward run the C++ kernel of :mod:`kernels.cpu.pinv` instead."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, z: Tensor, n_iter: int, cpu_kernel: bool) -> Tensor:
+        ctx.kernel = cpu_kernel
+        if cpu_kernel:
+            out, saved = cpu_pinv.iterate(a, z, n_iter, keep=True)
+            ctx.save_for_backward(a, saved)
+            return out
+        kept: list = []
+        out = steps(a, z, n_iter, kept)
+        ctx.save_for_backward(a, *(t for step in kept for t in step))
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        a, *flat = ctx.saved_tensors
+        if ctx.kernel:
+            return *cpu_pinv.iterate_backward(a, flat[0], grad), None, None
+        grad_a, grad_z = torch.zeros_like(a), grad  # grad_z is a fresh product after the first step
+        for index in range(len(flat) // 5 - 1, -1, -1):
+            z, az, w, inner, step = flat[5 * index: 5 * index + 5]
+            grad_step = torch.bmm(z.mT, grad_z)
+            grad_z = torch.bmm(grad_z, step.mT)
+            # beta = 0: the first argument only gives the shape, alpha the product's scale
+            grad_inner = torch.baddbmm(inner, az.mT, grad_step, beta=0, alpha=-0.25)
+            grad_az = torch.baddbmm(inner, grad_step, inner.mT, beta=0, alpha=-0.25)
+            grad_az.baddbmm_(grad_inner, w.mT, alpha=-1).baddbmm_(az.mT, grad_inner)
+            grad_a.baddbmm_(grad_az, z.mT)
+            grad_z.baddbmm_(a.mT, grad_az)
+        return grad_a, grad_z, None, None
+
+
+class _RecomputedPinv(torch.autograd.Function):
+    """The PyTorch form (:func:`_pytorch`) saving only ``U``: the backward runs the iteration again and
+    differentiates it, so its ``5 · n_iter`` matrices of ``m × m`` per head (at n = 4096, m = 64 half the size of an
+    ``n × m`` one) are not kept from forward to backward (FlashCUR's budget). (``torch.utils.checkpoint`` does the
+    same but makes a tensor on the host in each call, which a GPU step must not.)"""
+
+    @staticmethod
+    def forward(ctx, u: Tensor, n_iter: int, init: str, cpu_kernel: bool) -> Tensor:
+        ctx.save_for_backward(u)
+        ctx.n_iter, ctx.init, ctx.cpu_kernel = n_iter, init, cpu_kernel
+        return _pytorch(u, n_iter, init, cpu_kernel)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (u,) = ctx.saved_tensors
+        with torch.enable_grad():
+            u = u.detach().requires_grad_()
+            with autocast_off(u.device.type):
+                z = _pytorch(u, ctx.n_iter, ctx.init, ctx.cpu_kernel)
+            return torch.autograd.grad(z, u, grad)[0], None, None, None

@@ -1,8 +1,11 @@
 """The run lifecycle around ``lra.train``'s compose -> instantiate -> fit -> test -> record: who owns a run dir,
 what a re-run resumes from, how a run stops and what it leaves behind. Nothing here builds a model or reads data.
 
+``job``               one job of ``lra.train`` end to end: lock, completed or refused, claim, train, record, last line
+
 Starting a run
     ``config_groups``   every config-group choice on the command line exists (a typo is refused before any write)
+    ``config_checks``   the composed config's values checked before anything is built
     ``hydra_callbacks`` an unwritable output dir is named before Hydra's log fails; a sweep's unfinished jobs
     ``run_dir``         who may write into a run dir, and which checkpoint a re-run resumes from
     ``run_lock``        one process per run dir (``flock`` on ``owner.lock``)
@@ -10,6 +13,7 @@ Starting a run
     ``allocator``       keep freed memory in the process (glibc ``mallopt``)
 
 During a run
+    ``trainer``         the loggers and the Lightning trainer, with the callbacks and plugins every run gets
     ``callbacks``       Lightning callbacks: checkpoints that follow a moved run dir, last-step validation, NaN stop
     ``checkpoints``     atomic saves, weights transferred across variants, checkpoint settings
     ``csv_logger``      ``metrics.csv`` that a resumed run continues
@@ -19,7 +23,9 @@ During a run
     ``sweep_console``   a line before each job of a multirun
 
 Ending a run
-    ``results``         ``results.json``, the one record reports and sweeps read; settings compared on resume
+    ``results``         ``results.json``, the one record reports and sweeps read; settings compared on resume;
+                        the test accuracies and ``predictions.json``
     ``run_end``         how a run that does not complete ends: its record, ``error.log`` and one FAILED line
-    ``wandb_logger``, ``wandb_summary``  W&B's one-line banner; the run summary mirrors ``results.json``
+    ``wandb_logger``, ``wandb_summary``  W&B's one-line banner; the run summary mirrors ``results.json``; the
+                        W&B run closed at the end of each job
 """

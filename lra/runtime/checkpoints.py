@@ -51,7 +51,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     final name, is fsynced, then renamed (:func:`lra.tasks.files.atomic_write`), so a full disk or a kill during
     a save leaves the previous file (or none), never a cut-short one, and a failed save leaves no temporary file.
     A full disk raises :class:`DiskFull`: ``disk full while writing <path> (<free> left): ...``.
-    ``lra.train.build_trainer`` adds it to every trainer (DDP included: rank 0 saves)."""
+    ``lra.runtime.trainer.build_trainer`` adds it to every trainer (DDP included: rank 0 saves)."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)

@@ -9,7 +9,7 @@ one run) and continues it:
   stay byte for byte; a metric column that appears later rewrites the file under the new header (atomically,
   its rows' values as they were, empty in the new column);
 - every checkpoint records how many rows the file held when it was saved (:class:`CSVRowsInCheckpoint`, which
-  ``lra.train.build_trainer`` adds beside the logger), and a run resumed from it first cuts the file back to those
+  ``lra.runtime.trainer.build_trainer`` adds beside the logger), and a run resumed from it first cuts the file back to those
   rows: the steps trained after that checkpoint, which the resumed run trains again, are logged once.
 
 **Decision:** rows, not steps, mark where a checkpoint stands: the self-pretraining stage and the supervised

@@ -5,7 +5,7 @@ cuda, :func:`runs_on_gpu`: ``trainer=gpu``, ``trainer=ddp``):
 
 * float32 matrix products may use TF32 tensor cores (:func:`fast_float32_matmuls`,
   ``torch.set_float32_matmul_precision("high")``). Under ``bf16-mixed`` the model's products are bf16 anyway; what
-  it changes is the float32 regions (``attention.precision.autocast_off``: CUR/Nyström matrices, the PyTorch
+  it changes is the float32 regions (``kernels.common.precision.autocast_off``: CUR/Nyström matrices, the PyTorch
   form of the pseudo-inverse; the fused pseudo-inverse kernels keep IEEE float32 dots) and ``32-true`` runs.
   Measured on CPU with TF32 rounding simulated: the PyTorch pseudo-inverse of softmax landmark blocks (m 32/64,
   6 steps) moves by 0.1 % (relative norm), its residual ‖AZA − A‖ by under 0.05 %. FlashCUR's and FlashL1's

@@ -137,6 +137,22 @@ def write_predictions(run_dir: Path, predictions: dict[str, dict[str, list[torch
     return path
 
 
+def test_accuracies(per_loader: list[dict]) -> dict[str, float]:
+    """``trainer.test``'s metrics (one dict per test loader) as ``{"<split>_acc": value}``: ``test_acc``, and
+    ``independent_test_acc`` where the data holds that split."""
+    metrics = {key: value for loader_metrics in per_loader for key, value in loader_metrics.items()}
+    return {f"{key.removesuffix('/acc')}_acc": float(value) for key, value in metrics.items() if key.endswith("/acc")}
+
+
+def write_test_predictions(trainer, module, run_dir: Path) -> None:
+    """``predictions.json`` beside ``results.json`` (one process only: under DDP each rank saw a share)."""
+    if trainer.world_size == 1:
+        write_predictions(run_dir, module.test_predictions)
+    else:
+        print(f"[lra] predictions.json not written: {trainer.world_size} processes each tested a share of the "
+              "examples; test on one device (lra.evaluate) for per-example predictions", flush=True)
+
+
 def write_results(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> Path:
     """Write ``run_dir/results.json`` with the identifying fields, ``status`` and the given metrics.
 

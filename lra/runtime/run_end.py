@@ -1,5 +1,5 @@
 """How a run that does not complete ends: its record in ``results.json``, its traceback in ``error.log``, and the
-one line a user reads, printed last (``lra.train.hydra_main`` prints it after the loggers have closed).
+one line a user reads, printed last (:func:`lra.runtime.job.run_job` prints it after the loggers have closed).
 
 A run may write its record only where it is the run dir's run (``owner``), or where the dir holds no checkpoints
 (nothing to mix up): a run refused at the door leaves another run's record alone.
@@ -11,7 +11,9 @@ import os
 import signal
 import sys
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from omegaconf import DictConfig
 
@@ -21,6 +23,18 @@ from lra.runtime.results import read_results, write_results
 from lra.runtime.run_dir import checkpoints
 
 ERROR_LOG = "error.log"
+
+
+@contextmanager
+def recording_progress(trainer, module) -> Iterator[None]:
+    """An exception leaving the block carries the step it stopped at (``error.step``) and the validation curve so
+    far (``error.val_curve``): what the failed or interrupted record (:func:`failure`, :func:`interruption`) names."""
+    try:
+        yield
+    except BaseException as error:
+        error.step = trainer.global_step
+        error.val_curve = list(module.val_curve)
+        raise
 
 
 def may_write(run_dir: Path, owner: bool) -> bool:

@@ -10,7 +10,7 @@ Where it is taken (:class:`RunDirOwner`, a Hydra callback, runs before Hydra wri
 - a single run locks ``hydra.run.dir``, and refuses a dir inside a dir another process holds (a job dir of a
   running sweep);
 - a sweep locks ``hydra.sweep.dir`` and refuses when a dir under it (a job dir) is held by another process; each
-  job then locks its own dir when it starts (``lra.train.hydra_main``), so a job of another launcher (joblib, SLURM: other
+  job then locks its own dir when it starts (``lra.runtime.job.run_job``), so a job of another launcher (joblib, SLURM: other
   processes) owns its dir too. There Hydra has already written the job's ``.hydra/`` and opened its log; only a
   process that is not a sweep of this dir can hold a job dir by then, and the checks above refuse those.
 

@@ -77,3 +77,11 @@ def write_summary(record: dict[str, Any]) -> None:
     run = active_run()
     if run is not None:
         run.summary.update(summary_fields(record))
+
+
+def finish_wandb() -> None:
+    """Close the W&B run of this job so the next job of a multirun opens its own (nothing to close where no logger
+    made one)."""
+    run = active_run()
+    if run is not None:
+        run.finish()

@@ -17,7 +17,7 @@ from lra.analysis.report import collect, group_runs
 from lra.runtime.interrupts import SIGTERM_EXIT_CODE
 from lra.tasks import listops
 from lra.runtime.wandb_summary import GROUP_KEYS, group_keys, summary_fields
-from tests.conftest import REPO_ROOT, compose_config, run_cli
+from tests.conftest import REPO_ROOT, compose_config, run_cli, run_in_process
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"  # tests/faults.py; the fault is chosen by LRA_FAULT_*
 GROUP = "dashboard-test"
@@ -42,11 +42,13 @@ def offline_run(run_dir: Path) -> dict:
 
 
 def train(data: Path, run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """A short curformer run on tiny ListOps, logged to W&B offline in group :data:`GROUP`."""
-    return run_cli(["-m", "lra.train", "task=listops_small", f"task.data_dir={data}",
-                    f"paths.cache_dir={run_dir.parent / 'cache'}", "task.batch_size=16", "task.warmup_steps=2",
-                    "trainer.max_steps=4", "task.eval_every=2", "attention=curformer", "attention.num_landmarks=8",
-                    "logger=wandb", f"group={GROUP}", f"hydra.run.dir={run_dir}", *extra], env=env)
+    """A short curformer run on tiny ListOps, logged to W&B offline in group :data:`GROUP`: in a process of its own
+    when a signal stops it (``env``: ``LRA_FAULT_SIG*``), else in this one."""
+    signalled = any(key.startswith("LRA_FAULT_SIG") for key in env or {})
+    return (run_cli if signalled else run_in_process)(
+        ["-m", "lra.train", "task=listops_small", f"task.data_dir={data}", f"paths.cache_dir={run_dir.parent / 'cache'}",
+         "task.batch_size=16", "task.warmup_steps=2", "trainer.max_steps=4", "task.eval_every=2", "attention=curformer",
+         "attention.num_landmarks=8", "logger=wandb", f"group={GROUP}", f"hydra.run.dir={run_dir}", *extra], env=env)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +97,8 @@ def test_positions_say_how_the_model_is_given_token_order(overrides, positions):
     assert group_keys(compose_config(overrides))["positions"] == positions
 
 
-@pytest.mark.parametrize(("fault", "status", "returncode"), [("SIGTERM", "interrupted", SIGTERM_EXIT_CODE),
-                                                             ("ENOSPC", "failed", 1)])
+@pytest.mark.parametrize(("fault", "status", "returncode"), [
+    pytest.param("SIGTERM", "interrupted", SIGTERM_EXIT_CODE, marks=pytest.mark.process), ("ENOSPC", "failed", 1)])
 def test_failed_and_interrupted_runs_have_their_record_in_the_summary(data, tmp_path, fault, status, returncode):
     run_dir = tmp_path / "run"
     proc = train(data, run_dir, FAULTS, env={f"LRA_FAULT_{fault}_AT": "3"})
@@ -147,6 +149,7 @@ def test_published_numbers_are_the_reports_for_the_same_runs():
     assert published["nystromformer"] == (37.15, "cur_table1")
 
 
+@pytest.mark.process
 def test_dry_run_prints_the_spec_without_network(completed):
     run_dir, run = completed
     proc = run_cli(["-m", "lra.analysis.dashboard", "entity/lra-attention", "--group", GROUP, "--runs", str(run_dir),

@@ -31,6 +31,7 @@ def test_rule_is_the_majority_label_per_operator():
     assert balanced_accuracy(cue, examples) == pytest.approx((2 / 3 + 1 + 1 / 2) / 3)
 
 
+@pytest.mark.process
 def test_cli_matches_an_independent_count(tmp_path):
     listops.generate(tmp_path, {"train": 300, "val": 50, "test": 80}, seed=3, min_length=10, max_length=80)
     train, test = (read_examples(tmp_path / f"basic_{split}.tsv") for split in ("train", "test"))
@@ -46,6 +47,7 @@ def test_cli_matches_an_independent_count(tmp_path):
     assert f"test: {100 * correct / len(test):.2f} % of {len(test)}" in result.stdout
 
 
+@pytest.mark.process
 def test_cli_names_missing_data(tmp_path):
     result = run_cli(["-m", "lra.analysis.listops_cue", str(tmp_path)])
     assert result.returncode != 0

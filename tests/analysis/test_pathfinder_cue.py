@@ -8,6 +8,7 @@ from tests.conftest import run_cli
 from PIL import Image
 
 from lra.analysis.pathfinder_cue import accuracy, best_band, marker_distances
+from lra.tasks import pathfinder_generator
 
 
 def test_band_search_finds_a_separating_band():
@@ -48,11 +49,12 @@ def test_no_band_beats_the_majority_label():
     assert (cue.accuracy, cue.low, cue.high) == (0.5, 1.0, 3.0)
 
 
+@pytest.mark.process
 def test_distances_match_the_marker_pixels(tmp_path):
     """Metadata marker centres (generator) vs the centroids of the 255-valued blobs in each PNG."""
     out = tmp_path / "curv_baseline"
-    result = run_cli(["-m", "lra.tasks.pathfinder", "generate", "--out", str(out), "--difficulty", "6", "--count", "12"])
-    assert result.returncode == 0, result.stderr[-2000:]
+    # what `python -m lra.tasks.pathfinder generate --difficulty 6 --count 12` runs (the CLI: test_pathfinder_generator)
+    pathfinder_generator.generate(out, difficulty=6, count=12)
     distances, labels = marker_distances(out)
     assert len(distances) == 12 and set(labels) == {0, 1}
     for index, distance in enumerate(distances):

@@ -210,6 +210,7 @@ def test_markdown_latex_and_csv_are_one_table(tmp_path, capsys):
     assert "unknown column(s) speed" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_empty_or_absent_dir_is_an_error(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 1
     assert capsys.readouterr().err.startswith(f"[lra] FAILED: no readable runs (results.json or .hydra job dirs) "

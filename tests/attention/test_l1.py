@@ -1,19 +1,17 @@
 """L1-distance attention (EcoTransformer eq. 1) against a dense (B, H, n, n, d) computation in the test.
 
-The CPU path (compiled kernels of ``kernels/cpu/l1.cpp``, flash-style chunks) and the PyTorch path of
-other devices (``attention.scores.CPU_KERNEL = False`` runs it on CPU) are both checked.
+The CPU path (compiled kernels of ``kernels/cpu/l1/l1.cpp``, flash-style chunks) and the PyTorch path of
+other devices (``kernels.cpu.l1.ops.CPU_KERNEL = False`` runs it on CPU) are both checked.
 """
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import attention.scores
-from attention import l1_cpu
-from kernels.cpu import l1 as l1_kernels
 from attention.l1 import L1Attention
-from attention.l1_cpu import L1AttentionFunction
-from attention.scores import L1Distance, L1Score
+from attention.scores import L1Score
+from kernels.cpu.l1 import ops as l1_kernels
+from kernels.cpu.l1.ops import L1AttentionFunction
 from lra.module import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
@@ -28,7 +26,7 @@ from tests.conftest import compose_config
 
 @pytest.fixture(params=["cpu_kernel", "torch_path"])
 def path(request, monkeypatch):
-    monkeypatch.setattr(attention.scores, "CPU_KERNEL", request.param == "cpu_kernel")
+    monkeypatch.setattr(l1_kernels, "CPU_KERNEL", request.param == "cpu_kernel")
     return request.param
 
 
@@ -98,7 +96,7 @@ def test_masked_keys_get_exactly_zero_weight(path):
 @pytest.mark.parametrize("a, b", [(33, 5), (5, 33), (16, 64)])
 def test_score_on_rectangular_blocks_matches_dense(a, b, path, monkeypatch):
     """CUR's n × m and m × n blocks: the score and its gradients, with masked keys."""
-    monkeypatch.setattr(attention.scores, "L1_GRAD_BUDGET", 50)  # the PyTorch path's backward in several query chunks
+    monkeypatch.setattr(l1_kernels, "L1_GRAD_BUDGET", 50)  # the PyTorch path's backward in several query chunks
     q, _, _ = random_qkv(n=a, d=12, seed=2)
     k, _, _ = random_qkv(n=b, d=12, seed=4)
     key_mask = padded_mask(2, b, [b, b - 2])
@@ -127,7 +125,7 @@ def test_dropout_masks_are_regenerated_in_backward(monkeypatch):
     q, k, v = random_qkv(n=24, d=8, seed=5)
     mask = padded_mask(2, 24, [24, 13])
     seed, p = 1234, 0.3
-    keep = torch.cat([l1_cpu._keep(seed, start, (4, 8, 24), p, torch.float64) for start in range(0, 24, 8)], 1)
+    keep = torch.cat([l1_kernels._keep(seed, start, (4, 8, 24), p, torch.float64) for start in range(0, 24, 8)], 1)
     assert 0 < (keep == 0).float().mean() < 1
     fast = grads(lambda q, k, v: L1AttentionFunction.apply(q, k, v, mask, 1.0, p, seed), q, k, v)
     dense = grads(lambda q, k, v: (dense_l1_weights(q, k, mask) * keep.view(2, 2, 24, 24)) @ v, q, k, v)
@@ -150,7 +148,7 @@ def test_sequence_without_real_tokens_gives_zeros_like_the_torch_path(monkeypatc
     q, k, v = random_qkv(n=12, d=4)
     mask = padded_mask(2, 12, [12, 0])
     fast = grads(lambda q, k, v: L1Attention(2, 4)(q, k, v, mask), q, k, v)
-    monkeypatch.setattr(attention.scores, "CPU_KERNEL", False)
+    monkeypatch.setattr(l1_kernels, "CPU_KERNEL", False)
     reference = grads(lambda q, k, v: L1Attention(2, 4)(q, k, v, mask), q, k, v)
     assert (fast[0][1] == 0).all()
     for a, b in zip(fast, reference):

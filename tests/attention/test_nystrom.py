@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import paths, seqconv_cpu
+from attention import paths
 from attention.landmark_means import fused_segment_means
 from kernels.cpu import build
-from kernels.cpu import seqconv
+from kernels.cpu.seqconv import ops as seqconv
 from attention.nystrom import NystromAttention, SequenceConv, segment_means
 from lra.module import build_attention
 from tests.attention_reference import (
@@ -85,7 +85,7 @@ def test_fused_conv_equals_the_cpu_forms(n, size):
 def test_segment_means_of_either_memory_layout_and_the_kernel_are_the_same(dtype, d, monkeypatch):
     """Rows of d values for contiguous (B, H, n, d) input, rows of H·d for the model's (B, n, H, d) memory (what
     ``MultiHeadAttention`` passes), by the ``scatter_add`` of other devices and by the CPU kernel
-    (``seqconv_cpu.SegmentSums``): the same sums in the same order, and their gradients, bit for bit."""
+    (``kernels.cpu.seqconv.ops.SegmentSums``): the same sums in the same order, and their gradients, bit for bit."""
     x = torch.randn(2, 3, 37, d, dtype=dtype, generator=torch.Generator().manual_seed(0))
     mask = padded_mask(2, 37, [37, 20])
     mask[0, 5] = False  # a pad inside the sequence
@@ -151,7 +151,7 @@ def test_any_length_and_conv_adds_a_depthwise_term(n):
 def test_sequence_conv_equals_the_former_conv2d_values_and_gradients(n, size, kernel, monkeypatch):
     """Against ``F.conv2d`` with the former ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``, kernel ``(K, 1)``) and
     ``F.conv1d`` with ``groups = H`` over ``(B·d, H, n)``: lengths below, at and across the 32-row blocks, for the
-    CPU kernel of ``kernels/cpu/seqconv.cpp`` and for the banded products (other devices, compiled code)."""
+    CPU kernel of ``kernels/cpu/seqconv/seqconv.cpp`` and for the banded products (other devices, compiled code)."""
     monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(n)
     conv = SequenceConv(3, size).double()
@@ -238,8 +238,8 @@ def test_config_defaults():
 
 def dense_nystrom(q, k, v, m, pinv_iters, pinv_init):
     """Full-length sequences, ``m`` dividing ``n``: landmarks = means of ``n/m`` consecutive rows, the three softmax
-    kernels from explicit logits, their pseudo-inverse by the float64 reference of ``tests/attention/test_pinv.py``."""
-    from tests.attention.test_pinv import reference_pinv
+    kernels from explicit logits, their pseudo-inverse by the float64 reference of ``kernels/pinv/naive.py``."""
+    from kernels.pinv.naive import reference_pinv
 
     batch, heads, n, d = q.shape
     q_land = q.reshape(batch, heads, m, n // m, d).mean(-2)

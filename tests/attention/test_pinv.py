@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from attention.pinv import iterative_pinv
+from kernels.pinv.naive import reference_pinv
 
 
 def well_conditioned(batch, m, seed=0):
@@ -50,27 +51,6 @@ def test_rejects_fewer_than_one_iteration(bad):
 
 
 # --- Z₀ scale: per (batch, head) as the paper writes, or one maximum over the batch as the public code ---
-
-
-def reference_pinv(a: torch.Tensor, n_iter: int, init: str) -> torch.Tensor:
-    """Matrix by matrix in float64: ``Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞)`` from ``torch.linalg.matrix_norm`` (each matrix's own
-    norms, or the largest of each over all matrices for ``global``), then ``Z ← Z (13I − 15X + 7X² − X³) / 4``
-    with ``X = A Z`` (eq. 16 with the polynomial expanded)."""
-    m = a.shape[-1]
-    flat = a.double().reshape(-1, m, m)
-    norm_1 = [torch.linalg.matrix_norm(x, ord=1).item() for x in flat]
-    norm_inf = [torch.linalg.matrix_norm(x, ord=float("inf")).item() for x in flat]
-    if init == "global":
-        norm_1, norm_inf = [max(norm_1)] * len(flat), [max(norm_inf)] * len(flat)
-    eye = torch.eye(m, dtype=torch.float64)
-    out = []
-    for x, n1, ninf in zip(flat, norm_1, norm_inf):
-        z = x.T / (n1 * ninf)
-        for _ in range(n_iter):
-            p = x @ z
-            z = z @ (13 * eye - 15 * p + 7 * torch.linalg.matrix_power(p, 2) - torch.linalg.matrix_power(p, 3)) / 4
-        out.append(z)
-    return torch.stack(out).reshape(a.shape)
 
 
 def softmax_heads(batch=2, temperatures=(0.3, 3.0), m=12, seed=3):
@@ -127,7 +107,7 @@ def test_rejects_unknown_init():
 
 @pytest.mark.parametrize("init", ["per_head", "global"])
 def test_backward_is_the_chain_rule_through_every_iteration(init):
-    """The pseudo-inverse's one-node backward (attention/pinv.py ``_Iterations``) against autograd through the same
+    """The pseudo-inverse's one-node backward (kernels/pinv/ops.py ``Iterations``) against autograd through the same
     iterations written out op by op, and against finite differences (float64), identity block included."""
     torch.manual_seed(0)
     a = torch.softmax(torch.randn(2, 3, 7, 7, dtype=torch.float64), -1)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attention import paths
-from kernels.cpu import landmarks as landmarks_cpu
-from kernels.cpu import selection as selection_cpu
+from kernels.cpu.landmarks import ops as landmarks_cpu
+from kernels.cpu.selection import ops as selection_cpu
 from attention.selection import _top, select_indices
 from tests.attention_reference import padded_mask
 

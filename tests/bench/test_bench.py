@@ -152,6 +152,7 @@ def test_bench_attention_layer_level(tmp_path):
     assert nystrom["heads"] == "2"
 
 
+@pytest.mark.process  # a worker process per variant (lra.bench.train.run_worker)
 def test_bench_train_tiny(tmp_path):
     out = tmp_path / "train"
     main(["train", "--task", "text", "--n", "256", "--batch", "2", "--steps", "2", "--warmup", "0", "--device", "cpu",
@@ -237,8 +238,8 @@ def test_bench_train_two_document_task(tmp_path):
 
 def test_bench_profile_prints_forward_and_backward_operators(capsys):
     """``python -m lra.bench profile``: the variant's forward and backward, each with its time, FLOPs and top
-    operators (the CUR forward's landmark products, attention.landmarks_cpu's kernels on CPU, and
-    pseudo-inverse matmuls among them; in the backward CUR's one node, attention.cur_cpu, whose kernels replace
+    operators (the CUR forward's landmark products, kernels.cpu.landmarks's kernels on CPU, and
+    pseudo-inverse matmuls among them; in the backward CUR's one node, kernels.cpu.cur, whose kernels replace
     SDPA's backward); one thread by default."""
     torch.set_num_threads(2)
     main(["profile", "--variant", "curformer", "--overrides", "num_landmarks=8", "--n", "32", "--batch", "1",

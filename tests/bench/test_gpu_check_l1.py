@@ -11,9 +11,10 @@ import torch
 
 from lra.bench import gpu_check, gpu_check_l1
 from tests.conftest import run_cli
-from tests.kernels.test_flashl1 import dense_l1
+from kernels.flashl1.naive import dense_l1
 
 
+@pytest.mark.process
 def test_kernels_step_covers_flashl1_shapes():
     """The ``kernels`` step names the FlashL1 check and its shapes: n odd and even, padded keys, an all-pad
     sequence, head_dim up to 128; ``--dry-run`` prints it."""
@@ -29,7 +30,7 @@ def test_kernels_step_covers_flashl1_shapes():
 
 @pytest.mark.parametrize("n, d, lengths, lam", [(17, 16, (17, 9), 1.0), (8, 24, (8, 0), 3.0)])
 def test_reference_l1_is_eq1(n, d, lengths, lam):
-    """The reference the GPU check compares FlashL1 with: eq. 1 (float64 formula of tests/kernels/test_flashl1.py),
+    """The reference the GPU check compares FlashL1 with: eq. 1 (float64 formula of kernels/flashl1/naive.py),
     forward and gradients, an all-pad sequence giving 0."""
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, n, d, generator=generator, requires_grad=True) for _ in range(3))

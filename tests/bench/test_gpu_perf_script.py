@@ -21,6 +21,7 @@ def run_script(part: str, out: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=1800)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_speed_part_runs_every_step_on_the_cpu(tmp_path):
     result = run_script("speed", tmp_path)
@@ -39,6 +40,7 @@ def test_speed_part_runs_every_step_on_the_cpu(tmp_path):
     assert float(rows[2]["speed_vs_transformer"]) > 0
 
 
+@pytest.mark.process
 def test_a_wrong_part_is_refused_with_the_usage(tmp_path):
     result = run_script("fast", tmp_path)
     assert result.returncode == 2 and "usage: scripts/gpu_perf.sh [speed|compiled]" in result.stderr

@@ -1,15 +1,20 @@
-"""`attention.cur_cpu`: CUR's training path on the CPU kernels as one autograd node (softmax and L1 scores), against
-the float64 CUR of the unfused path (values and gradients), and the few-keys backward's ``zero_rows``."""
+"""`kernels.cpu.cur.ops`: CUR's training path on the CPU kernels as one autograd node (softmax and L1 scores), against
+the float64 plain PyTorch CUR of `kernels.cpu.cur.naive` and as close to it as the unfused float32 path (values and
+gradients), and the few-keys backward's ``zero_rows``."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
 
-from kernels.cpu import landmarks as landmarks_cpu
 from attention.cur import cur_attention
+from attention.pinv import iterative_pinv
 from attention.scores import L1Score, SoftmaxScore
 from attention.selection import select_indices
+from kernels.cpu.cur import naive
+from kernels.cpu.landmarks import ops as landmarks_cpu
 from tests.attention_reference import padded_mask
 
 WIDTH = landmarks_cpu.vector_floats()
@@ -22,10 +27,15 @@ def operands(n: int, seed: int = 0):
     return [torch.randn(2, n, 2, D, generator=generator).transpose(1, 2) * 1.5 for _ in range(3)]
 
 
-def cur_and_grads(q, k, v, mask, index_q, index_k, grad, dtype, overwrite, score):
-    """CUR's output and the gradients of ``Σ grad · Y`` over real rows, in ``dtype``, and the output's node."""
+def cur_and_grads(q, k, v, mask, index_q, index_k, grad, dtype, overwrite, score, reference=False):
+    """CUR's output (``reference``: :func:`kernels.cpu.cur.naive.cur_attention`'s) and the gradients of
+    ``Σ grad · Y`` over real rows, in ``dtype``, and the output's node."""
     inputs = [x.to(dtype).detach().requires_grad_() for x in (q, k, v)]
-    y = cur_attention(*inputs, mask, index_q, index_k, score, overwrite_rows=overwrite)
+    if reference:
+        pinv = functools.partial(iterative_pinv, n_iter=6, init="per_head")  # cur_attention's defaults
+        y = naive.cur_attention(*inputs, mask, index_q, index_k, score, pinv, overwrite_rows=overwrite)
+    else:
+        y = cur_attention(*inputs, mask, index_q, index_k, score, overwrite_rows=overwrite)
     (y * grad.to(dtype) * mask[:, None, :, None]).sum().backward()
     return [y.detach().double()] + [x.grad.double() for x in inputs], type(y.grad_fn).__name__
 
@@ -43,11 +53,10 @@ def test_one_node_matches_float64_cur_as_closely_as_the_unfused_path(overwrite, 
     mask = padded_mask(2, 300, list(lengths))
     index_q, index_k = select_indices(q, k, mask, 16)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
-    reference, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float64, overwrite, score)
-    assert node != "CURKernelAttentionBackward"
+    reference, _ = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float64, overwrite, score, True)
     fused, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float32, overwrite, score)
     assert node == "CURKernelAttentionBackward"
-    monkeypatch.setattr("attention.cur_cpu.takes", lambda *args: False)
+    monkeypatch.setattr("kernels.cpu.cur.ops.takes", lambda *args: False)
     unfused, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float32, overwrite, score)
     assert node != "CURKernelAttentionBackward"
     for name, ours, plain, exact in zip(["Y", "dQ", "dK", "dV"], fused, unfused, reference):

@@ -1,5 +1,7 @@
-"""models.dropout.Dropout: its CPU kernel's mask (rate, scale, backward, seeds, threads, independence) against
-what nn.Dropout promises, and the paths that are not the kernel (eval, p = 0 and 1, other dtypes, no compiler)."""
+"""models.dropout.Dropout and its custom op ``lra::dropout`` (kernels/cpu/dropout/): the kernel against its plain
+PyTorch reference (`kernels.cpu.dropout.naive`, bit for bit), its mask (rate, scale, backward, seeds, threads,
+independence) against what nn.Dropout promises, and the paths that are not the kernel (eval, p = 0 and 1, other
+dtypes, no compiler)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import build
-from kernels.cpu import dropout as dropout_kernel
-from models.dropout import Dropout, dropout
+from kernels.cpu.dropout import naive
+from kernels.cpu.dropout import ops as dropout_kernel
+from kernels.cpu.dropout.ops import dropout
+from models.dropout import Dropout
 
 SIGMAS = 5  # binomial / correlation tolerances: 5 standard deviations
 
@@ -34,6 +38,14 @@ def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double().flatten(), b.double().flatten()
     a, b = a - a.mean(), b - b.mean()
     return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(("seed", "p"), [(0, 0.5), (-4_242_424_242_424, 0.1), (2**63 - 1, 0.9), (12345, 1 / 3)])
+def test_the_kernel_is_its_plain_pytorch_reference_bit_for_bit(dtype, seed, p):
+    """The kernel's hash, threshold and scaling, written in int64 tensor arithmetic (kernels.cpu.dropout.naive)."""
+    x = nonzero(70_001, dtype=dtype, seed=1)
+    assert torch.equal(dropout(x, torch.tensor(seed), p), naive.dropout(x, seed, p))
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

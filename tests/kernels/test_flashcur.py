@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import attention.flashcur  # noqa: F401  (defines the kernels now, from this process's environment)
 from kernels.common.launch import recording
 from kernels.flashcur import launch as kernel_launch
+from kernels.flashcur import run as kernel_run
 from kernels.flashcur import ops
 from kernels.flashcur.launch import block_sizes
 from kernels.landmarks import launch as landmark_launch
@@ -64,8 +65,8 @@ def test_training_matches_curformer_under_the_interpreter(tiny_listops_overrides
     """Three optimiser steps on tiny ListOps: flashcur (interpreted kernels) and curformer log the same losses."""
     shared = [
         *tiny_listops_overrides,
-        "task.max_length=64",
-        "task.batch_size=8",
+        "task.max_length=32",
+        "task.batch_size=4",
         "trainer.max_steps=3",
         "task.eval_every=3",
         "trainer.log_every_n_steps=1",
@@ -143,7 +144,7 @@ GPU_PROGRAMS = 264  # two waves of an H100 / H200's 132 SMs
 
 def planned_launches(batch, heads, n, d, m, dtype) -> list:
     """The FlashCUR kernels' launches of one layer's forward and backward, and the landmark means', as
-    :func:`kernels.common.launch.recording` sees them on sm_90 (the ops' real Python on ``meta`` tensors)."""
+    :func:`kernels.common.launch.recording` sees them on sm_90 (the launch functions' real Python on ``meta`` tensors)."""
     meta = dict(device="meta")
     q, k, v = (torch.empty(batch, heads, n, d, dtype=dtype, **meta) for _ in range(3))
     q_sel, k_sel = (torch.empty(batch, heads, m, d, dtype=dtype, **meta) for _ in range(2))
@@ -152,11 +153,11 @@ def planned_launches(batch, heads, n, d, m, dtype) -> list:
     w = torch.empty(batch, heads, m, d, **meta)
     slot = torch.empty(batch, heads, n, dtype=torch.int32, **meta)
     with recording(90) as launches:
-        rv, lse = ops.rv_forward(q_sel, k, v, key_mask)
-        ops.u_forward(q_sel, k_sel, valid)
-        y, lse_c = ops.out_forward(q, k_sel, valid, w, rv, slot)
-        ops.rv_backward(q_sel, k, v, key_mask, rv, lse, rv)
-        ops.out_backward(q, k_sel, valid, w, slot, lse_c, y)
+        rv, lse = kernel_run.rv_forward(q_sel, k, v, key_mask)
+        kernel_run.u_forward(q_sel, k_sel, valid)
+        y, lse_c = kernel_run.out_forward(q, k_sel, valid, w, rv, slot)
+        kernel_run.rv_backward(q_sel, k, v, key_mask, rv, lse, rv)
+        kernel_run.out_backward(q, k_sel, valid, w, slot, lse_c, y)
         landmark_launch.segment_means_forward(q.float(), k.float(), key_mask, m, -1e4)
     assert rv.shape == (batch, heads, m, d) and lse.shape == (batch, heads, m) and y.dtype == dtype
     return launches

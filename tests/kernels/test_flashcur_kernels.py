@@ -1,4 +1,4 @@
-"""FlashCUR kernels against CUR (same indices) and an independent dense reference.
+"""FlashCUR kernels against their plain reference (:mod:`kernels.flashcur.naive`) and CUR (same indices).
 
 These tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before
 Python starts (the interpreter is chosen when :mod:`kernels.flashcur` is defined, so it cannot be
@@ -10,11 +10,10 @@ the variable set — so the default suite always exercises them. Shapes are tiny
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
+from kernels.flashcur import naive
 from tests.triton_env import DEVICE, needs_kernels
 
 pytestmark = [
@@ -32,32 +31,9 @@ def make_inputs(batch, heads, n, d, pad_last: int, seed=0, dtype=torch.float32):
     return q, k, v, key_mask
 
 
-def dense_cur(q, k, v, key_mask, index, pinv_iters, overwrite_rows=True):
-    """docs/design.md §2 "FlashCUR" written out densely per (batch, head) in float64 (I = J, all selected tokens real)."""
-    out = torch.empty(q.shape, dtype=torch.float64)
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            Q, K, V = (x[b, h].detach().double().cpu() for x in (q, k, v))
-            idx = index[b, h].cpu()
-            scores = Q @ K.T / math.sqrt(Q.shape[1])  # (n, n)
-            C = torch.softmax(scores[:, idx], dim=1)
-            R = torch.softmax(scores[idx].masked_fill(~key_mask[b].cpu(), -math.inf), dim=1)
-            U = C[idx]
-            Z = U.T / (U.abs().sum(0).max() * U.abs().sum(1).max())
-            eye = torch.eye(len(idx), dtype=torch.float64)
-            for _ in range(pinv_iters):
-                UZ = U @ Z
-                Z = 0.25 * Z @ (13 * eye - UZ @ (15 * eye - UZ @ (7 * eye - UZ)))
-            Y = C @ (Z @ (R @ V))
-            if overwrite_rows:
-                Y[idx] = R @ V
-            out[b, h] = Y
-    return out
-
-
 def test_each_kernel_matches_its_equation():
     """Kernels (a), (b), (c) on their own: RV and its lse, U, and softmax(QK_Jᵀ)W with rows I replaced."""
-    from kernels.flashcur import ops as flashcur
+    from kernels.flashcur import run
 
     q, k, v, key_mask = make_inputs(2, 2, 37, 24, pad_last=9)
     index = torch.stack([torch.randperm(28)[:16] for _ in range(4)]).view(2, 2, 16).to(DEVICE)
@@ -65,20 +41,16 @@ def test_each_kernel_matches_its_equation():
     q_sel, k_sel = rows(q), rows(k)
     valid = torch.ones(2, 2, 16, dtype=torch.bool, device=DEVICE)
     valid[..., -3:] = False
-    scale = 24**-0.5
-    logits_r = (q_sel @ k.detach().transpose(-1, -2) * scale).masked_fill(~key_mask[:, None, None, :], -math.inf)
-    rv, lse = flashcur.rv_forward(q_sel, k.detach(), v.detach(), key_mask)
-    torch.testing.assert_close(rv, torch.softmax(logits_r, -1) @ v.detach(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, torch.logsumexp(logits_r, -1) / math.log(2), atol=1e-5, rtol=1e-5)
-    logits_u = (q_sel @ k_sel.transpose(-1, -2) * scale).masked_fill(~valid[:, :, None, :], -math.inf)
-    torch.testing.assert_close(flashcur.u_forward(q_sel, k_sel, valid), torch.softmax(logits_u, -1), atol=1e-6, rtol=1e-5)
+    rv_ref, lse_ref = naive.rows(q_sel, k.detach(), v.detach(), key_mask)
+    rv, lse = run.rv_forward(q_sel, k.detach(), v.detach(), key_mask)
+    torch.testing.assert_close(rv, rv_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(run.u_forward(q_sel, k_sel, valid), naive.core(q_sel, k_sel, valid), atol=1e-6, rtol=1e-5)
     w = torch.randn(2, 2, 16, 24, device=DEVICE)
     slot = torch.full((2, 2, 37), -1, dtype=torch.int32, device=DEVICE)
     slot.scatter_(2, index, torch.arange(16, dtype=torch.int32, device=DEVICE).expand(2, 2, 16).contiguous())
-    y, _ = flashcur.out_forward(q.detach(), k_sel, valid, w, rv, slot)
-    logits_c = (q.detach() @ k_sel.transpose(-1, -2) * scale).masked_fill(~valid[:, :, None, :], -math.inf)
-    expected = (torch.softmax(logits_c, -1) @ w).scatter(2, index[..., None].expand(-1, -1, -1, 24), rv)
-    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+    y, _ = run.out_forward(q.detach(), k_sel, valid, w, rv, slot)
+    torch.testing.assert_close(y, naive.output(q.detach(), k_sel, valid, w, rv, index), atol=1e-5, rtol=1e-5)
 
 
 def test_forward_matches_an_independent_dense_reference():
@@ -90,7 +62,7 @@ def test_forward_matches_an_independent_dense_reference():
     index_q, index_k = select_indices(q, k, key_mask, 16, "abs", True, 0, False)
     out = flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6)
     assert out.shape == q.shape and out.dtype == q.dtype
-    ref = dense_cur(q, k, v, key_mask, index_q, pinv_iters=6)
+    ref = naive.dense_cur(q, k, v, key_mask, index_q, pinv_iters=6)
     assert (out.detach().cpu().double() - ref).abs().max() <= 1e-4
 
 
@@ -198,37 +170,30 @@ def test_backward_saves_no_n_by_m_tensor():
 # ---- split n (kernels.flashcur.launch.splits) and bf16 inputs ------------------------------------------------------
 
 
-def reference_rows(q_sel, k, v, key_mask):
-    """``RV = softmax(s·Q_I Kᵀ + pad mask) V`` and its base-2 lse in float64, differentiable."""
-    scale = q_sel.shape[-1] ** -0.5
-    logits = (q_sel @ k.transpose(-1, -2) * scale).masked_fill(~key_mask[:, None, None, :], -math.inf)
-    return torch.softmax(logits, -1) @ v, torch.logsumexp(logits, -1) / math.log(2)
-
-
 @pytest.mark.parametrize("target", [1, 3, 264], ids=lambda t: f"target{t}")
 def test_split_kernels_match_their_equations(monkeypatch, target):
     """The split kernels (_rv_fwd, _rv_bwd_q, _out_bwd_kw) and their merges against float64 autograd at n = 100
     (32-token tiles: splits of 32 or 64 tokens, the last one short), pads inside a split and a split without a
     real key (merged with weight 0): ``target`` programs 1 (one split), 3, 264 (one split per tile)."""
-    from kernels.flashcur import launch as kernel_launch
-    from kernels.flashcur import ops as flashcur
+    from kernels.flashcur import launch as flashcur
+    from kernels.flashcur import run
 
-    monkeypatch.setattr(kernel_launch, "TARGET_PROGRAMS", target)
+    monkeypatch.setattr(flashcur, "TARGET_PROGRAMS", target)
     batch, heads, n, d, m = 2, 1, 100, 24, 16
     q, k, v, key_mask = make_inputs(batch, heads, n, d, pad_last=40)  # keys 60..99 of sequence 1: split 96..99 empty
-    cfg = kernel_launch.config("_rv_fwd", n, m, d, q)
-    parts, split_n = flashcur._split("_rv_fwd", cfg, batch * heads, n, m)
+    cfg = flashcur.config("_rv_fwd", n, m, d, q)
+    parts, split_n = run._split("_rv_fwd", cfg, batch * heads, n, m)
     assert parts == {1: 1, 3: 2, 264: 4}[target] and n % split_n != 0, (parts, split_n)
     index = torch.stack([torch.randperm(60)[:m] for _ in range(batch * heads)]).view(batch, heads, m).to(DEVICE)
     rows = lambda x: x.detach().gather(2, index[..., None].expand(-1, -1, -1, d)).contiguous()  # noqa: E731
     q_sel, k_sel = rows(q), rows(k)
     q64, k64, v64, q_sel64 = (x.detach().double().requires_grad_() for x in (q, k, v, q_sel))
-    rv_ref, lse_ref = reference_rows(q_sel64, k64, v64, key_mask)
-    rv, lse = flashcur.rv_forward(q_sel, k.detach(), v.detach(), key_mask)
+    rv_ref, lse_ref = naive.rows(q_sel64, k64, v64, key_mask)
+    rv, lse = run.rv_forward(q_sel, k.detach(), v.detach(), key_mask)
     torch.testing.assert_close(rv.double(), rv_ref.detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), lse_ref.detach(), atol=1e-5, rtol=1e-5)
     d_rv = torch.randn(rv.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    dq_sel, dk, dv = flashcur.rv_backward(q_sel, k.detach(), v.detach(), key_mask, rv, lse, d_rv)
+    dq_sel, dk, dv = run.rv_backward(q_sel, k.detach(), v.detach(), key_mask, rv, lse, d_rv)
     expected = torch.autograd.grad(rv_ref, (q_sel64, k64, v64), d_rv.double())
     for got, want in zip((dq_sel, dk, dv), expected):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
@@ -238,13 +203,12 @@ def test_split_kernels_match_their_equations(monkeypatch, target):
     w = torch.randn(batch, heads, m, d, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=DEVICE)
     slot.scatter_(2, index, torch.arange(m, dtype=torch.int32, device=DEVICE).expand(batch, heads, m).contiguous())
-    y, lse_c = flashcur.out_forward(q.detach(), k_sel, valid, w, rv, slot)
+    y, lse_c = run.out_forward(q.detach(), k_sel, valid, w, rv, slot)
     d_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    dq, dk_sel, dw = flashcur.out_backward(q.detach(), k_sel, valid, w, slot, lse_c, d_y)
+    dq, dk_sel, dw = run.out_backward(q.detach(), k_sel, valid, w, slot, lse_c, d_y)
     k_sel64, w64 = k_sel.double().requires_grad_(), w.double().requires_grad_()
-    logits = (q64 @ k_sel64.transpose(-1, -2) * d**-0.5).masked_fill(~valid[:, :, None, :], -math.inf)
     free = (slot < 0)[..., None].double()  # rows I were overwritten by RV: no gradient through C W
-    expected = torch.autograd.grad(torch.softmax(logits, -1) @ w64, (q64, k_sel64, w64), d_y.double() * free)
+    expected = torch.autograd.grad(naive.columns_times(q64, k_sel64, valid, w64), (q64, k_sel64, w64), d_y.double() * free)
     for got, want in zip((dq, dk_sel, dw), expected):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
 

@@ -1,4 +1,5 @@
-"""Nyströmformer's landmark kernels (:mod:`kernels.landmarks`): against the CPU forms, and compiled for GPUs.
+"""Nyströmformer's landmark kernels (:mod:`kernels.landmarks`): against their plain reference
+(:mod:`kernels.landmarks.naive`) and the CPU forms, and compiled for GPUs.
 
 The kernel tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before Python
 starts. Without either they are skipped here, and ``tests/attention/test_nystrom.py::test_landmark_kernels_under_the_interpreter``
@@ -16,14 +17,20 @@ import pytest
 import torch
 
 from attention import paths
-from attention.landmark_means import kernels_run, landmark_means
-from attention.nystrom import NystromAttention, segment_means
-from kernels.landmarks import launch
+from attention.landmark_means import landmark_means
+from attention.nystrom import NystromAttention
+from kernels.landmarks import launch, naive, ops
 from tests import triton_env
 from tests.triton_env import DEVICE, INTERPRETER
 
 needs_kernels = triton_env.needs_kernels("test_nystrom.py::test_landmark_kernels_under_the_interpreter")
 compiles = pytest.mark.skipif(INTERPRETER, reason="kernels defined under the interpreter cannot be compiled for a GPU")
+
+
+# Programs the forward aims for in the tests of values (two or three groups of segments per sequence at B·H = 10, where
+# two GPU waves would make 80–320 programs, each run one by one by the interpreter); the grid over groups has its own
+# test (test_segment_groups_partition_the_tokens, up to one segment a program).
+FEW_PROGRAMS = 20
 
 
 def masks(n: int) -> torch.Tensor:
@@ -38,8 +45,10 @@ def masks(n: int) -> torch.Tensor:
 
 @needs_kernels
 @pytest.mark.parametrize("n, d, m", [(37, 20, 7), (100, 32, 16), (64, 8, 64)])
-def test_kernel_landmarks_equal_the_cpu_forms(n, d, m):
-    """Means, the slot mask and validity, and the gradients of Q and K, against :func:`segment_means`."""
+def test_kernel_landmarks_equal_the_cpu_forms(monkeypatch, n, d, m):
+    """Means, the slot mask and validity, and the gradients of Q and K, against :func:`kernels.landmarks.naive.segment_means`
+    (a few groups of segments a sequence: :data:`FEW_PROGRAMS`)."""
+    monkeypatch.setattr(launch, "TARGET_PROGRAMS", FEW_PROGRAMS)
     generator = torch.Generator().manual_seed(n)
     q, k = (torch.randn(5, 2, n, d, generator=generator) for _ in range(2))
     q[3, :, 5] = torch.nan  # a pad's value never reaches the means (sequence 3 pads position 5)
@@ -48,11 +57,11 @@ def test_kernel_landmarks_equal_the_cpu_forms(n, d, m):
     expected, grads = [], []
     for x, g in zip((q, k), upstream):
         leaf = x.clone().requires_grad_()
-        means, valid = segment_means(leaf, mask, m)
+        means, valid = naive.segment_means(leaf, mask, m)
         grads.append(torch.autograd.grad(means, leaf, g * valid[:, None, :, None])[0].nan_to_num())
         expected.append(torch.where(valid[:, None, :, None], means, 0.0))
     q_dev, k_dev = (x.to(DEVICE).requires_grad_() for x in (q, k))
-    assert kernels_run(q_dev) and launch.takes(q_dev, m)  # landmark_means takes the kernels, not the SDPA form
+    assert ops.takes(q_dev, k_dev, m)  # landmark_means takes the kernels, not the SDPA form
     q_land, k_land, slots, kernel_valid = landmark_means(q_dev, k_dev, mask.to(DEVICE), m)
     assert torch.equal(kernel_valid.cpu(), valid[:, None].expand(5, 2, m))
     assert torch.equal(slots[:, :, 0].cpu(), paths.masking_bias(valid, torch.float32)[:, None].expand(5, 2, m))
@@ -65,10 +74,11 @@ def test_kernel_landmarks_equal_the_cpu_forms(n, d, m):
 
 
 @needs_kernels
-def test_bf16_inputs_give_float32_means_and_bf16_gradients():
+def test_bf16_inputs_give_float32_means_and_bf16_gradients(monkeypatch):
     """bf16 ``q, k``: the means (float32, m-sized) of the bf16 values exactly as the float32 kernels give them
     (float32 sums), the token gradients in bf16 (n-sized: ``dX̃ / count`` rounded once to bf16's 8 significant bits:
     ≤ 2⁻⁸ relative rounded to nearest, ≤ 2⁻⁷ truncated, as the interpreter's conversion may)."""
+    monkeypatch.setattr(launch, "TARGET_PROGRAMS", FEW_PROGRAMS)
     n, d, m = 50, 16, 8
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(5, 2, n, d, generator=generator).bfloat16() for _ in range(2))
@@ -82,7 +92,7 @@ def test_bf16_inputs_give_float32_means_and_bf16_gradients():
     assert all(g.dtype == torch.bfloat16 for g in grads)
     for x, got_mean, got_grad, g in zip((q, k), (q_land, k_land), grads, upstream):
         leaf = x.float().requires_grad_()
-        means, want_valid = segment_means(leaf, mask, m)
+        means, want_valid = naive.segment_means(leaf, mask, m)
         torch.testing.assert_close(got_mean.cpu(), torch.where(want_valid[:, None, :, None], means, 0.0).detach(),
                                    atol=1e-6, rtol=1e-6)
         want = torch.autograd.grad(means, leaf, g * want_valid[:, None, :, None])[0].nan_to_num()
@@ -94,7 +104,7 @@ def test_bf16_inputs_give_float32_means_and_bf16_gradients():
 @pytest.mark.parametrize("m, target, groups", [(16, 1, 1), (16, 40, 4), (7, 20, 3), (16, 264, 16)])
 def test_segment_groups_partition_the_tokens(monkeypatch, m, target, groups):
     """The forward's grid over groups of segments (``launch.segments_per_program``: all m in one program, 4 of 4,
-    3 + 3 + 1, one each) gives the CPU forms' means, validity and each token's segment, whatever the pads (before
+    3 + 3 + 1, one each) gives the reference's means, validity and each token's segment, whatever the pads (before
     the first real token, inside, at the end, more segments than real tokens, none)."""
     monkeypatch.setattr(launch, "TARGET_PROGRAMS", target)
     n, d = 70, 16
@@ -104,11 +114,9 @@ def test_segment_groups_partition_the_tokens(monkeypatch, m, target, groups):
     mask = masks(n)
     q_land, k_land, counts, slots, valid, segment = launch.segment_means_forward(
         q.to(DEVICE), k.to(DEVICE), mask.to(DEVICE), m, paths.MASKED)
-    rank = mask.cumsum(-1)
-    expected_segment = torch.where(mask, torch.div((rank - 1) * m, rank[:, -1:].clamp_min(1), rounding_mode="floor"), -1)
-    assert torch.equal(segment.cpu(), expected_segment[:, None].expand(5, 2, n).int())
+    assert torch.equal(segment.cpu(), naive.segments(mask, m)[:, None].expand(5, 2, n).int())
     for got, x in zip((q_land, k_land), (q, k)):
-        means, want_valid = segment_means(x, mask, m)
+        means, want_valid = naive.segment_means(x, mask, m)
         assert torch.equal(valid.cpu(), want_valid[:, None].expand(5, 2, m))
         torch.testing.assert_close(got.cpu(), torch.where(want_valid[:, None, :, None], means, 0.0), atol=1e-5, rtol=1e-5)
 

@@ -1,6 +1,6 @@
-"""`attention.landmarks_cpu`: the few-keys and few-queries kernels and their backward kernels against a dense
-float64 softmax and (their L1 form) a dense float64 L1 attention, values and gradients; the abs row sums against
-float64."""
+"""`kernels.cpu.landmarks.ops`: the few-keys and few-queries kernels and their backward kernels against the plain
+PyTorch references of `kernels.cpu.landmarks.naive` (a dense float64 softmax and, their L1 form, a dense float64 L1
+attention), values and gradients; the abs row sums of `kernels.cpu.selection` against `kernels.cpu.selection.naive`."""
 
 from __future__ import annotations
 
@@ -8,22 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import landmarks_cpu
-from kernels.cpu import landmarks as landmark_kernels
-from kernels.cpu import selection as selection_cpu
 from attention.scores import L1Score
+from kernels.cpu.landmarks import naive
+from kernels.cpu.landmarks import ops as landmark_kernels
+from kernels.cpu.selection import naive as selection_naive
+from kernels.cpu.selection import ops as selection_cpu
 from tests.tolerances import tolerance
 
 WIDTH = landmark_kernels.vector_floats()  # d must be a multiple of it
-
-
-def dense(q, k, v, key_mask):
-    """``softmax(Q Kᵀ/√d + log M) V`` in float64, 0 for a row without a real key."""
-    q, k, v = q.double(), k.double(), v.double()
-    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    logits = logits.masked_fill(~key_mask, -torch.inf)
-    weights = torch.softmax(logits, -1).nan_to_num(0.0)
-    return weights @ v
 
 
 def operands(batch, heads, n, m, d, seed=0):
@@ -54,9 +46,9 @@ def test_forward_matches_dense_softmax(n, m, kind, d):
         pytest.skip(f"d={d} is not a multiple of this CPU's vector width {WIDTH}")
     q, k, v, key_mask = operands(2, 2, n, m, d)
     assert landmark_kernels.kernel_for(q, k, v, key_mask) == kind
-    y = landmarks_cpu.attend(q, k, v, key_mask)
+    y = landmark_kernels.attend(q, k, v, key_mask)
     assert y.stride() == F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask).stride()
-    torch.testing.assert_close(y.double(), dense(q, k, v, key_mask), **tolerances(q, k, v, m, d))
+    torch.testing.assert_close(y.double(), naive.attention(q, k, v, key_mask), **tolerances(q, k, v, m, d))
     assert y[0, 0].abs().max() == 0  # no real key: all weights 0
 
 
@@ -89,22 +81,14 @@ def test_gradients_match_dense_softmax(n, m, kind, d, kernel, monkeypatch):
     calls = backward_kernels_run(monkeypatch)
     grad = torch.randn(2, n, 2, d, generator=torch.Generator().manual_seed(2)).transpose(1, 2)
     inputs = [x.clone().requires_grad_() for x in (q, k, v)]
-    landmarks_cpu.attend(*inputs, key_mask).backward(grad)
+    landmark_kernels.attend(*inputs, key_mask).backward(grad)
     assert calls == ([kind] if kernel else [])
     reference = [x.double().requires_grad_() for x in (q, k, v)]
-    dense(*reference, key_mask).backward(grad.double())
+    naive.attention(*reference, key_mask).backward(grad.double())
     limits = tolerance(torch.float32, max(m, d, n), reductions=3, conditioning=40.0,
                        scale=max(x.grad.abs().amax().item() for x in reference))
     for name, ours, theirs in zip("qkv", inputs, reference):
         torch.testing.assert_close(ours.grad.double(), theirs.grad, **limits, msg=lambda text: f"d{name}: {text}")
-
-
-def dense_l1(q, k, v, key_mask, lam):
-    """``softmax(−λ ‖q_i − k_j‖₁/√d + log M) V`` in float64 (``torch.cdist``: its gradient takes sign(0) = 0)."""
-    q, k, v = q.double(), k.double(), v.double()
-    logits = torch.cdist(q, k, p=1.0) * (-lam / q.shape[-1] ** 0.5)
-    weights = torch.softmax(logits.masked_fill(~key_mask, -torch.inf), -1).nan_to_num(0.0)
-    return weights @ v
 
 
 @pytest.mark.parametrize(("n", "m", "kind"), [(19, 1, "few_keys"), (45, 64, "few_keys"), (19, 128, "few_keys"),
@@ -125,7 +109,7 @@ def test_l1_scores_match_dense_l1_attention(n, m, kind, d, monkeypatch):
     y = L1Score(1.5).attend(inputs[0], inputs[1], key_mask, inputs[2])
     assert type(y.grad_fn).__name__ == "LandmarkAttentionBackward"
     reference = [x.double().requires_grad_() for x in (q, k, v)]
-    expected = dense_l1(*reference, key_mask, 1.5)
+    expected = naive.l1_attention(*reference, key_mask, 1.5)
     spread = 1.5 * torch.cdist(q.double(), k.double(), p=1.0).amax().item() / d**0.5 * 2
     torch.testing.assert_close(y.double(), expected.detach(), **tolerance(
         torch.float32, max(m, d), reductions=2, conditioning=spread, scale=v.abs().amax().item()))
@@ -148,13 +132,13 @@ def test_broadcast_operands_and_no_mask(n, m):
     small = q[:1] if n < m else v[:1]
     small = small.clone().requires_grad_()
     q, v = (small.expand(3, -1, -1, -1), v) if n < m else (q, small.expand(3, -1, -1, -1))
-    y = landmarks_cpu.attend(q, k, v, None)
+    y = landmark_kernels.attend(q, k, v, None)
     everything = torch.ones(3, 2, 1, m, dtype=torch.bool)
-    torch.testing.assert_close(y.double(), dense(q, k, v, everything), **tolerances(q, k, v, m, d))
+    torch.testing.assert_close(y.double(), naive.attention(q, k, v, everything), **tolerances(q, k, v, m, d))
     y.sum().backward()  # an expanded (stride 0) gradient, made contiguous for the backward kernel
     reference = small.detach().double().requires_grad_()
     q, v = (reference.expand(3, -1, -1, -1), v) if n < m else (q, reference.expand(3, -1, -1, -1))
-    dense(q, k, v, everything).sum().backward()
+    naive.attention(q, k, v, everything).sum().backward()
     limits = tolerance(torch.float32, max(m, d, n), reductions=3, conditioning=40.0,
                        scale=reference.grad.abs().amax().item())
     torch.testing.assert_close(small.grad.double(), reference.grad, **limits)
@@ -170,7 +154,7 @@ def test_other_operands_take_sdpa(case):
     if case == "mask per query":
         key_mask = key_mask.expand(1, 2, n, m)
     assert landmark_kernels.kernel_for(q, k, v, key_mask) is None
-    assert torch.equal(landmarks_cpu.attend(q, k, v, key_mask), F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
+    assert torch.equal(landmark_kernels.attend(q, k, v, key_mask), F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
 
 
 def test_padded_count():
@@ -184,7 +168,7 @@ def test_abs_row_sums_match_float64(d):
     x = torch.randn(2, 7, 3, d, generator=torch.Generator().manual_seed(4)).transpose(1, 2)
     sums = selection_cpu.abs_row_sums(x)
     assert sums.shape == (2, 3, 7)
-    torch.testing.assert_close(sums.double(), x.double().abs().sum(-1), **tolerance(torch.float32, d))
+    torch.testing.assert_close(sums.double(), selection_naive.abs_row_sums(x), **tolerance(torch.float32, d))
 
 
 def test_abs_row_sums_of_other_tensors_are_abs_sum():
@@ -200,7 +184,7 @@ def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
     try:
         q, k, v, key_mask = operands(1, 2, 9, 8, 32)
         with pytest.warns(UserWarning, match="without its CPU kernels: .*'no-such-compiler' was not found"):
-            y = landmarks_cpu.attend(q, k, v, key_mask)
+            y = landmark_kernels.attend(q, k, v, key_mask)
         assert torch.equal(y, F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
         assert torch.equal(selection_cpu.abs_row_sums(q), q.abs().sum(-1))
     finally:
@@ -213,4 +197,4 @@ def test_flop_counter_sees_the_products():
 
     q, k, v, key_mask = operands(2, 2, 40, 64, 32)
     assert landmark_kernels.kernel_for(q, k, v, key_mask) == "few_keys"
-    assert count_flops(lambda: landmarks_cpu.attend(q, k, v, key_mask)) == 2 * 2 * (2 * 40 * 64 * 32) * 2
+    assert count_flops(lambda: landmark_kernels.attend(q, k, v, key_mask)) == 2 * 2 * (2 * 40 * 64 * 32) * 2

@@ -1,5 +1,5 @@
-"""The pseudo-inverse's CPU kernel (kernels/cpu/pinv.cpp): its steps and their backward against the PyTorch form
-of attention/pinv.py in float64, and where it runs."""
+"""The pseudo-inverse's CPU kernel (kernels/cpu/pinv/pinv.cpp): its steps and their backward against the plain
+PyTorch reference (kernels/cpu/pinv/naive.py) in float64, and where it runs."""
 
 import pytest
 import torch
@@ -7,7 +7,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attention import pinv
 from kernels.cpu import pinv as pinv_cpu
-from kernels.cpu.landmarks import vector_floats
+from kernels.cpu.pinv import naive
+from kernels.cpu.landmarks.ops import vector_floats
 from tests.tolerances import tolerance
 
 WIDTH = vector_floats()
@@ -30,8 +31,7 @@ def test_steps_and_backward_match_the_pytorch_form_in_float64(m, n_iter):
     a, z = problems(m)
     assert pinv_cpu.takes(a)
     out, saved = pinv_cpu.iterate(a, z, n_iter, keep=True)
-    steps: list = []
-    expected = pinv._iterate(a.double(), z.double(), n_iter, steps)
+    expected, steps = naive.steps(a.double(), z.double(), n_iter)
     limits = tolerance(torch.float32, m, reductions=4 * n_iter, scale=expected.abs().amax().item())
     torch.testing.assert_close(out.double(), expected, **limits)
     torch.testing.assert_close(pinv_cpu.iterate(a, z, n_iter, keep=False)[0], out, rtol=0, atol=0)
@@ -43,7 +43,7 @@ def test_steps_and_backward_match_the_pytorch_form_in_float64(m, n_iter):
     grad = torch.randn(3, m, m, generator=torch.Generator().manual_seed(1))
     grad_a, grad_z = pinv_cpu.iterate_backward(a, saved, grad)
     reference = [x.double().requires_grad_() for x in (a, z)]
-    expected_a, expected_z = torch.autograd.grad(pinv._Iterations.apply(*reference, n_iter), reference, grad.double())
+    expected_a, expected_z = torch.autograd.grad(naive.steps(*reference, n_iter)[0], reference, grad.double())
     for ours, theirs in ((grad_a, expected_a), (grad_z, expected_z)):
         torch.testing.assert_close(ours.double(), theirs, **tolerance(
             torch.float32, m, reductions=12 * n_iter, scale=theirs.abs().amax().item()))

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 
 from omegaconf import OmegaConf
 
-from tests.conftest import CONFIG_DIR, compose_config, run_cli
+from tests.conftest import CONFIG_DIR, compose_config, run_in_process
 from lra.finetune import apply_lora, merge_lora
 from lra.module import build_model, build_module
 
@@ -93,7 +93,7 @@ def test_cli_converts_softmax_checkpoint_to_liza_delta_with_lora(tiny_listops_ov
     ckpt = tmp_path / "softmax.ckpt"
     torch.save({"state_dict": softmax.state_dict()}, ckpt)
     run_dir = tmp_path / "liza"
-    result = run_cli(
+    result = run_in_process(
         ["-m", "lra.train", *tiny_listops_overrides, "attention=liza", "attention/linear=delta",
          "attention.linear.chunk_size=16", f"init_from={ckpt}", lora_override(), f"hydra.run.dir={run_dir}"],
         env=SINGLE_THREAD,

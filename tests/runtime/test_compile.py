@@ -42,6 +42,7 @@ def small(attention: str, *overrides: str):
     return compose_config(["task=listops_small", f"attention={attention}", "model.num_layers=1", *landmarks, *overrides])
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("attention, lengths", [("softmax", (48,)), ("curformer", (48, 40))])
 def test_compiled_training_step_matches_eager(attention, lengths, one_compile_thread):
     """Softmax at one length; CUR at two, the second recompiled with dynamic shapes as training's second batch
@@ -70,6 +71,7 @@ def dropout_step(model, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
+@pytest.mark.compile
 def test_compiled_training_on_cpu_draws_the_eager_dropout_masks(one_compile_thread):
     """On CPU ``compile_in_place`` has Inductor draw with ATen's generator, so a compiled step with dropout on
     gives the eager step's logits and gradients from the same seed; with Inductor's own generator
@@ -149,6 +151,7 @@ def test_runs_recorded_before_model_compile_still_resume_and_still_count_as_done
     assert config_differences(recorded, compiled) == ["model.compile: False -> True"]
 
 
+@pytest.mark.process
 @pytest.mark.slow  # ~45 s on 2 cores (two trainings, one compiled): the default suite had reached its 15-min budget
 def test_train_with_compile_and_its_checkpoint_without(tiny_listops_overrides, tmp_path):
     """``lra.train ... model.compile=true`` trains, evaluates and tests through Inductor (its cache fills with
@@ -172,6 +175,7 @@ def test_train_with_compile_and_its_checkpoint_without(tiny_listops_overrides, t
         assert torch.equal(module.model.token_embedding.weight, state["model.token_embedding.weight"])
 
 
+@pytest.mark.compile
 def test_every_variant_traces_as_one_graph_without_a_break(tmp_path, capsys):
     """``lra.bench compile_breaks``: every variant's network is one graph with no break on CPU (L1's ctypes kernels
     step aside under torch.compile), as ``model.compile=true`` (``fullgraph=True``) requires; FlashCUR without
@@ -188,6 +192,7 @@ def test_every_variant_traces_as_one_graph_without_a_break(tmp_path, capsys):
     assert "breaks:" not in capsys.readouterr().out
 
 
+@pytest.mark.compile
 @pytest.mark.usefixtures("landmark_forms")
 @pytest.mark.parametrize("attention", ["curformer", "l1_cur", "nystromformer", "megacur"])
 def test_landmark_variants_compile_whole_and_train_under_bf16_autocast(attention):
@@ -211,6 +216,7 @@ def test_landmark_variants_compile_whole_and_train_under_bf16_autocast(attention
     assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.process
 @pytest.mark.slow  # Inductor compiles every variant (~1-2 min each on 2 cores)
 @pytest.mark.parametrize("attention", sorted(path.stem for path in (REPO_ROOT / "configs" / "attention").glob("*.yaml")
                                              if path.stem != "flashcur"))
@@ -258,6 +264,7 @@ def test_compiled_gpu_runs_pad_batches_for_cuda_graphs(overrides, expected):
     assert datamodule.pad_multiple == expected
 
 
+@pytest.mark.process  # the meta step runs pytest in a process of its own
 def test_gpu_check_runs_the_meta_check_and_compiled_training(tmp_path):
     args = gpu_check.parse_args(["--out", str(tmp_path), "--variants", "softmax", "curformer", "mega",
                                  "--compile-steps", "5"])
@@ -298,7 +305,7 @@ def test_autocast_off_compiles_without_the_availability_query(monkeypatch):
     """torch 2.11's Dynamo cannot trace ``torch.amp.is_autocast_available`` (a graph break per float32 region on
     CUDA, seen on an H200): under torch.compile :func:`autocast_off` must not ask it. An untraceable stand-in
     fails a full-graph compile wherever it is called."""
-    from attention.precision import autocast_off
+    from kernels.common.precision import autocast_off
 
     asked = []
 

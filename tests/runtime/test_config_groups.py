@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
 from lra.runtime.config_groups import group_options, unknown_choices
-from tests.conftest import CONFIG_DIR, run_cli
+from tests.conftest import CONFIG_DIR, run_in_process
 
 
 @pytest.mark.parametrize("override, named", [
@@ -40,7 +40,7 @@ def test_hydra_itself_refuses_an_unknown_experiment():
 def test_a_misspelled_experiment_exits_before_anything_is_written(module, tmp_path):
     run_dir = tmp_path / "run"
     checkpoint = ["ckpt_path=x.ckpt"] if module == "lra.evaluate" else []
-    proc = run_cli(["-m", module, "experiment=listops_dep", *checkpoint, f"hydra.run.dir={run_dir}"])
+    proc = run_in_process(["-m", module, "experiment=listops_dep", *checkpoint, f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("[lra] FAILED: experiment=listops_dep") and "listops_deep" in lines[0]

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lra.runtime.progress import StepProgressBar
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 from tests.console_output import bar_states, other_lines
 
 
@@ -83,8 +83,8 @@ def test_refresh_rate_is_checked():
 def test_a_run_prints_its_dir_wandb_evaluations_and_result_only(tiny_listops_overrides, tmp_path):
     """The real CLI with W&B offline, W&B not silenced by the environment: besides the bars, five lines."""
     overrides = [o for o in tiny_listops_overrides if not o.startswith("logger=")]
-    proc = run_cli(["-m", "lra.train", *overrides, "logger=wandb", f"hydra.run.dir={tmp_path / 'run'}"],
-                   env={"WANDB_SILENT": "false"})
+    proc = run_in_process(["-m", "lra.train", *overrides, "logger=wandb", f"hydra.run.dir={tmp_path / 'run'}"],
+                          env={"WANDB_SILENT": "false"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = other_lines(proc.stdout + proc.stderr)
     assert [line.split(":")[0] for line in lines[:4]] == ["[lra] run dir", "[lra] W&B", "[lra] step 2/4", "[lra] step 4/4"], lines
@@ -95,7 +95,8 @@ def test_a_run_prints_its_dir_wandb_evaluations_and_result_only(tiny_listops_ove
 
 
 def test_verbose_brings_back_lightning_output(tiny_listops_overrides, tmp_path):
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "verbose=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    proc = run_in_process(["-m", "lra.train", *tiny_listops_overrides, "verbose=true",
+                           f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert "Trainable params" in output  # the model summary

@@ -1,5 +1,5 @@
 """``logger=csv`` (lra.runtime.csv_logger): one metrics.csv per run dir, continued by a resumed run — the writer on its own,
-then a real run killed after its checkpoint and resumed, against the same run never stopped."""
+then a real run killed after its checkpoint (a process of its own) and resumed, against the same run never stopped."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import csv
 import pytest
 
 from lra.runtime.csv_logger import RunCSVLogger
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
 METRICS = ("csv", "version_0", "metrics.csv")
@@ -52,6 +52,7 @@ def test_rows_after_the_checkpoint_are_cut_a_log_shorter_than_it_is_named_and_a_
     assert rows(tmp_path.joinpath(*METRICS)) == [{"step": "4", "train/loss": "4.0"}]
 
 
+@pytest.mark.process
 def test_a_run_killed_after_its_checkpoint_and_resumed_logs_one_metrics_csv(tiny_listops_overrides, tmp_path):
     """SIGKILL at step 4: last.ckpt is from step 2 and the file holds a row of step 3 (logged as step 2), which the
     resumed run trains and logs again. The file ends as the never-stopped run's, byte for byte."""
@@ -62,7 +63,7 @@ def test_a_run_killed_after_its_checkpoint_and_resumed_logs_one_metrics_csv(tiny
     before = rows(run_dir.joinpath(*METRICS))
     assert [row["step"] for row in before if row["train/loss"]] == ["0", "1", "2"]  # the step-3 row is after last.ckpt
 
-    resumed = run_cli([*args, f"hydra.run.dir={run_dir}"])
+    resumed = run_in_process([*args, f"hydra.run.dir={run_dir}"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [path.relative_to(run_dir) for path in run_dir.rglob("metrics.csv")] == [run_dir.joinpath(*METRICS).relative_to(run_dir)]
     after = rows(run_dir.joinpath(*METRICS))
@@ -70,7 +71,7 @@ def test_a_run_killed_after_its_checkpoint_and_resumed_logs_one_metrics_csv(tiny
     assert [row["step"] for row in after if row["train/loss"]] == ["0", "1", "2", "3", "4", "5"]
     assert "1 row(s) logged after" in resumed.stdout and "last.ckpt dropped" in resumed.stdout
 
-    whole = run_cli([*args, f"hydra.run.dir={straight}"])
+    whole = run_in_process([*args, f"hydra.run.dir={straight}"])
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert run_dir.joinpath(*METRICS).read_bytes() == straight.joinpath(*METRICS).read_bytes()
 
@@ -79,7 +80,7 @@ def test_closing_the_wandb_run_needs_no_wandb_where_no_logger_made_one(monkeypat
     """``logger=csv`` runs on machines without wandb (as on a GPU lease): the end of a job imports nothing."""
     import sys
 
-    from lra.train import finish_wandb
+    from lra.runtime.wandb_summary import finish_wandb
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     finish_wandb()

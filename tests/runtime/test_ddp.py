@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import compose_config, run_cli
+import pytest
+
+from tests.conftest import compose_config, run_cli, run_in_process
 
 
+@pytest.mark.process
 def test_ddp_cpu_trains_with_two_processes_and_writes_once(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer=ddp_cpu", "verbose=true",  # Lightning's INFO
@@ -30,7 +33,7 @@ def test_ddp_configs_compose():
 
 
 def test_ddp_in_a_local_multirun_is_refused_with_the_fix(tiny_listops_overrides, tmp_path):
-    proc = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, "trainer=ddp_cpu", "seed=0,1",
-                    f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    proc = run_in_process(["-m", "lra.train", "-m", *tiny_listops_overrides, "trainer=ddp_cpu", "seed=0,1",
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert proc.returncode == 1
     assert "cannot run inside a local multirun" in proc.stderr and "submitit_slurm" in proc.stderr

@@ -1,5 +1,6 @@
 """Faults against a run dir: a refused resume changes nothing, a cut-short checkpoint is skipped, a full disk
-leaves no partial file, a checkpoint that does not load is named — real processes, faults from tests/faults.py."""
+leaves no partial file, a checkpoint that does not load is named — faults from tests/faults.py; a signal stops a real
+process, the runs that follow run the same entry point in this process (tests.conftest.run_in_process)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from lra.tasks.files import atomic_write
 from lra.tasks.listops import HEADER, read_tsv
 from lra.runtime.interrupts import SIGTERM_EXIT_CODE
 from lra.train import note_exact_landmarks
-from tests.conftest import REPO_ROOT, compose_config, run_cli
+from tests.conftest import REPO_ROOT, compose_config, run_cli, run_in_process
 from tests.faults import full_disk_write
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
@@ -35,6 +36,7 @@ def snapshot(run_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in files}
 
 
+@pytest.mark.process
 def test_refused_resume_changes_nothing_and_a_cut_short_checkpoint_is_skipped(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=6", FAULTS, f"hydra.run.dir={run_dir}"]
@@ -48,7 +50,7 @@ def test_refused_resume_changes_nothing_and_a_cut_short_checkpoint_is_skipped(ti
     for override, named in [("seed=1", "seed: 0 (the run) -> 1 (this command)"),
                             ("optimizer.lr=1e-3", "optimizer.lr: 0.0001 (the run) -> 0.001 (this command)"),
                             ("trainer.max_steps=8", "trainer.max_steps: 6 (the run) -> 8 (this command)")]:
-        refused = run_cli([*args, override])
+        refused = run_in_process([*args, override])
         assert refused.returncode == 1, refused.stderr[-3000:]
         assert "NOT RESUMED" in refused.stderr and named in refused.stderr
         assert "init_from=" in refused.stderr and "nothing in" in refused.stderr
@@ -59,7 +61,7 @@ def test_refused_resume_changes_nothing_and_a_cut_short_checkpoint_is_skipped(ti
     for name in ("last.ckpt", "interrupted-3.ckpt"):
         path = run_dir / "checkpoints" / name
         path.write_bytes(kept[name][: len(kept[name]) // 2])
-    resumed = run_cli(args)
+    resumed = run_in_process(args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "last.ckpt does not load" in resumed.stdout and "interrupted-3.ckpt does not load" in resumed.stdout
     assert f"resuming from {run_dir / 'checkpoints' / 'best-2.ckpt'} (step 2)" in resumed.stdout
@@ -72,7 +74,7 @@ def test_refused_resume_changes_nothing_and_a_cut_short_checkpoint_is_skipped(ti
 def test_full_disk_leaves_no_partial_checkpoint_and_the_rerun_completes(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "lra.train", *tiny_listops_overrides, FAULTS, f"hydra.run.dir={run_dir}"]
-    full = run_cli(args, env={"LRA_FAULT_ENOSPC_AT": "3"})  # the step-4 checkpoints hit a full disk
+    full = run_in_process(args, env={"LRA_FAULT_ENOSPC_AT": "3"})  # the step-4 checkpoints hit a full disk
     assert full.returncode == 1, full.stderr[-3000:]
     last_line = full.stderr.strip().splitlines()[-1]
     assert last_line.startswith(f"[lra] FAILED: DiskFull: disk full while writing {run_dir / 'checkpoints'}/")
@@ -85,7 +87,7 @@ def test_full_disk_leaves_no_partial_checkpoint_and_the_rerun_completes(tiny_lis
     assert all(torch.load(path, weights_only=False)["global_step"] == 2 for path in folder.iterdir())
     assert json.loads((run_dir / "results.json").read_text())["status"] == "failed"
 
-    rerun = run_cli(args)
+    rerun = run_in_process(args)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "completed" and record["steps"] == 4 and record["resumed_from_step"] == 2
@@ -120,6 +122,7 @@ def test_a_full_disk_names_the_checkpoint_and_the_space_left(tmp_path):
     assert target.read_bytes() == kept and sorted(target.parent.iterdir()) == [target]
 
 
+@pytest.mark.process
 def test_a_real_full_disk_gives_the_same_message(tmp_path):
     """On a 64 kB tmpfs (a private mount namespace): torch.save of a 400 kB checkpoint fills it."""
     mount = tmp_path / "small_disk"
@@ -174,6 +177,7 @@ def read_only_mount_works(folder: Path) -> bool:
                                                                   capture_output=True).returncode == 0
 
 
+@pytest.mark.process
 def test_a_read_only_run_dir_is_named_before_anything_runs(tiny_listops_overrides, tmp_path):
     mount = tmp_path / "mount"
     mount.mkdir()
@@ -192,12 +196,14 @@ def test_a_read_only_run_dir_is_named_before_anything_runs(tiny_listops_override
 def test_an_unwritable_sweep_dir_is_named_before_any_job_runs(tiny_listops_overrides, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    result = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, "seed=0,1", f"hydra.sweep.dir={blocker / 'sweep'}"])
+    result = run_in_process(["-m", "lra.train", "-m", *tiny_listops_overrides, "seed=0,1",
+                             f"hydra.sweep.dir={blocker / 'sweep'}"])
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"cannot write the output dir {blocker / 'sweep'} (hydra.sweep.dir): Not a directory" in result.stderr
     assert blocker.read_text() == "not a folder" and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.process
 def test_a_full_disk_at_start_up_is_one_failed_line(tiny_listops_overrides, tmp_path):
     """A run dir on a disk that is full before the start (a 64 kB tmpfs, filled, in a private mount namespace)."""
     mount = tmp_path / "full"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 
 
 def test_two_seeds_give_two_runs_with_their_own_results_and_wandb(tiny_listops_overrides, tmp_path):
     overrides = [o for o in tiny_listops_overrides if not o.startswith("logger=")]
-    proc = run_cli(["-m", "lra.train", "-m", *overrides, "logger=wandb", "seed=0,1", "attention=softmax",
-                    f"hydra.sweep.dir={tmp_path}"])
+    proc = run_in_process(["-m", "lra.train", "-m", *overrides, "logger=wandb", "seed=0,1", "attention=softmax",
+                           f"hydra.sweep.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = sorted(tmp_path.glob("*/results.json"))
     assert len(results) == 2

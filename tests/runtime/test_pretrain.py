@@ -18,7 +18,7 @@ from lra.runtime.interrupts import SIGTERM_EXIT_CODE
 from lra.module import build_model
 from lra.pretrain import build_pretrain_module, mask_tokens, validate
 from lra.runtime.run_dir import RECORD, ResumeRefused, check_resume
-from tests.conftest import compose_config, run_cli
+from tests.conftest import compose_config, run_cli, run_in_process
 from tests.console_output import bar_states
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
@@ -144,8 +144,9 @@ def test_resume_with_other_pretrain_settings_is_refused(tmp_path):
 def test_pretraining_run_then_init_from_its_encoder_with_softmax(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "pretrained"
     common = [*tiny_listops_overrides, "model/positions=rotary"]
-    result = run_cli(["-m", "lra.train", *common, "attention=curformer", "attention.num_landmarks=8", "pretrain.steps=8",
-                      "pretrain.checkpoint_every=4", "trainer.log_every_n_steps=1", f"hydra.run.dir={run_dir}"])
+    result = run_in_process(["-m", "lra.train", *common, "attention=curformer", "attention.num_landmarks=8",
+                             "pretrain.steps=8", "pretrain.checkpoint_every=4", "trainer.log_every_n_steps=1",
+                             f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "completed" and record["pretrain_steps"] == 8 and record["steps"] == 4
@@ -165,13 +166,15 @@ def test_pretraining_run_then_init_from_its_encoder_with_softmax(tiny_listops_ov
     assert torch.equal(softmax.token_embedding.weight, state["model.token_embedding.weight"])
 
     other = tmp_path / "softmax"
-    result = run_cli(["-m", "lra.train", *common, "attention=softmax", f"init_from={encoder}", f"hydra.run.dir={other}"])
+    result = run_in_process(["-m", "lra.train", *common, "attention=softmax", f"init_from={encoder}",
+                             f"hydra.run.dir={other}"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not in the checkpoint keep their initialisation: ['head." in result.stdout + result.stderr
     record = json.loads((other / "results.json").read_text())
     assert record["status"] == "completed" and "pretrain_steps" not in record and not (other / "pretrain").exists()
 
 
+@pytest.mark.process
 def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "lra.train", *tiny_listops_overrides, "pretrain.steps=6", "pretrain.checkpoint_every=2",
@@ -185,10 +188,10 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     assert first_part["pretrain_time_s"] > 0  # the stage's clock so far
     assert not (run_dir / "pretrain" / "encoder.ckpt").exists() and not (run_dir / "checkpoints").exists()
 
-    refused = run_cli([*args, "pretrain.mask_ratio=0.25"])
+    refused = run_in_process([*args, "pretrain.mask_ratio=0.25"])
     assert refused.returncode == 1 and "NOT RESUMED" in refused.stderr and "pretrain.mask_ratio" in refused.stderr
 
-    resumed = run_cli(args)
+    resumed = run_in_process(args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {run_dir / 'pretrain' / 'checkpoints'}" in resumed.stdout and "(step 3)" in resumed.stdout
     # The stage's bar starts at the restored step of its 6 (lra.runtime.progress.StepProgressBar), then the supervised one
@@ -200,7 +203,7 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
 
     # The same run never stopped: the same masks and dropout, so the same loss curve and test accuracy.
     straight = tmp_path / "straight"
-    whole = run_cli([*args[:-1], f"hydra.run.dir={straight}"])
+    whole = run_in_process([*args[:-1], f"hydra.run.dir={straight}"])
     assert whole.returncode == 0, whole.stderr[-3000:]
     reference = json.loads((straight / "results.json").read_text())
     assert record["pretrain_loss_curve"] == reference["pretrain_loss_curve"]

@@ -1,4 +1,5 @@
-"""Same seed on CPU -> same test_acc and bit-identical weights; the run dir keeps its config and commit."""
+"""Same seed on CPU -> same test_acc and bit-identical weights, in another process too; the run dir keeps its config and
+commit."""
 
 from __future__ import annotations
 
@@ -7,18 +8,19 @@ import json
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 
-def train(overrides: list[str], run_dir, seed: int) -> tuple[dict, dict]:
-    proc = run_cli(["-m", "lra.train", *overrides, f"seed={seed}", f"hydra.run.dir={run_dir}"])
+def train(overrides: list[str], run_dir, seed: int, run=run_in_process) -> tuple[dict, dict]:
+    proc = run(["-m", "lra.train", *overrides, f"seed={seed}", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     weights = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     return json.loads((run_dir / "results.json").read_text()), weights
 
 
+@pytest.mark.process
 def test_same_seed_same_test_acc_and_weights(tiny_listops_overrides, tmp_path):
-    first, w1 = train(tiny_listops_overrides, tmp_path / "a", seed=3)
+    first, w1 = train(tiny_listops_overrides, tmp_path / "a", seed=3, run=run_cli)  # a process of its own
     second, w2 = train(tiny_listops_overrides, tmp_path / "b", seed=3)
     other, w3 = train(tiny_listops_overrides, tmp_path / "c", seed=4)
     assert first["test_acc"] == second["test_acc"] and first["val_acc_best"] == second["val_acc_best"]

@@ -1,4 +1,5 @@
-"""A run's record through re-runs, SIGTERM, divergence and bad settings — real processes, real signals.
+"""A run's record through re-runs, SIGTERM, divergence and bad settings — the real entry point, in this process where
+the test is about what a run records and prints, in a real process where it is about signals or the exit status.
 
 - a completed run (or sweep) re-run into its dir is skipped and its results.json is kept byte for byte;
 - a run killed after its last step resumes there and tests the best checkpoint (which exists);
@@ -27,7 +28,7 @@ from hydra import compose, initialize_config_dir
 from lra import REPO_ROOT
 from lra.runtime.interrupts import SIGTERM_EXIT_CODE, exit_code
 from lra.train import validate
-from tests.conftest import CONFIG_DIR, compose_config, run_cli
+from tests.conftest import CONFIG_DIR, compose_config, run_cli, run_in_process
 
 
 def start(args: list[str]) -> subprocess.Popen:
@@ -63,7 +64,7 @@ def test_bad_settings_name_the_key_and_the_fix(override, message, tmp_path):
 
 
 def test_seed_abc_on_the_command_line_names_the_key(tiny_listops_overrides, tmp_path):
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "seed=abc", f"hydra.run.dir={tmp_path}"])
+    proc = run_in_process(["-m", "lra.train", *tiny_listops_overrides, "seed=abc", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 1
     assert "seed must be an integer (got 'abc')" in proc.stderr
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"
@@ -72,20 +73,20 @@ def test_seed_abc_on_the_command_line_names_the_key(tiny_listops_overrides, tmp_
 def test_rerun_of_a_completed_run_keeps_its_record_and_a_killed_finish_resumes(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={run_dir}"]
-    first = run_cli(args)
+    first = run_in_process(args)
     assert first.returncode == 0, first.stderr[-3000:]
     record = (run_dir / "results.json").read_bytes()
     original = json.loads(record)
 
-    again = run_cli(args)  # same settings: skipped, record untouched
+    again = run_in_process(args)  # same settings: skipped, record untouched
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[lra] already completed" in again.stdout
     assert (run_dir / "results.json").read_bytes() == record
-    louder = run_cli([*args, "verbose=true", "logger=none"])  # keys a resume ignores: the same run, done
+    louder = run_in_process([*args, "verbose=true", "logger=none"])  # keys a resume ignores: the same run, done
     assert louder.returncode == 0 and "[lra] already completed" in louder.stdout, louder.stderr[-3000:]
     assert (run_dir / "results.json").read_bytes() == record
 
-    other = run_cli([*args, "trainer.max_steps=6"])  # other settings: refused, record untouched
+    other = run_in_process([*args, "trainer.max_steps=6"])  # other settings: refused, record untouched
     assert other.returncode == 1
     assert "NOT RE-RUN" in other.stderr and "trainer.max_steps: 4 -> 6" in other.stderr
     assert (run_dir / "results.json").read_bytes() == record
@@ -93,7 +94,7 @@ def test_rerun_of_a_completed_run_keeps_its_record_and_a_killed_finish_resumes(t
     # Killed between its last step and its results (the record is gone): resumes at the last step and
     # tests the best checkpoint last.ckpt names (it was saved after that step's validation, so it exists).
     (run_dir / "results.json").unlink()
-    resumed = run_cli(args)
+    resumed = run_in_process(args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again_record = json.loads((run_dir / "results.json").read_text())
     assert again_record["status"] == "completed" and again_record["resumed_from_step"] == 4
@@ -103,8 +104,8 @@ def test_rerun_of_a_completed_run_keeps_its_record_and_a_killed_finish_resumes(t
 
 
 def test_nan_loss_fails_the_run_naming_the_step(tiny_listops_overrides, tmp_path):
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=1e6", "scheduler=none",
-                    "trainer.max_steps=10", "task.eval_every=5", f"hydra.run.dir={tmp_path}"])
+    proc = run_in_process(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=1e6", "scheduler=none",
+                           "trainer.max_steps=10", "task.eval_every=5", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 1
     record = json.loads((tmp_path / "results.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("NonFiniteLossError: train/loss is")
@@ -118,14 +119,16 @@ def test_empty_val_split_stops_before_training(tiny_listops, tmp_path):
     shutil.copytree(tiny_listops, data)
     header = (data / "basic_val.tsv").read_text().splitlines()[0]
     (data / "basic_val.tsv").write_text(header + "\n")
-    proc = run_cli(["-m", "lra.train", "task=listops_small", f"task.data_dir={data}", f"paths.cache_dir={tmp_path / 'cache'}",
-                    "trainer.max_steps=4", "task.eval_every=2", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"])
+    proc = run_in_process(["-m", "lra.train", "task=listops_small", f"task.data_dir={data}",
+                           f"paths.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=4", "task.eval_every=2",
+                           "logger=none", f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 1
     assert "the val split is empty" in proc.stderr  # raised by the datamodule (lra/tasks/base.py)
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["status"] == "failed" and "val split is empty" in record["error"]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished(tiny_listops_overrides, tmp_path):
     sweep = tmp_path / "sweep"
@@ -143,7 +146,7 @@ def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished
 
     steps = 6
     finish = base  # a resume keeps the run's settings, trainer.max_steps included
-    done = run_cli(finish)
+    done = run_in_process(finish)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads((job / "results.json").read_text()) for job in (job0, job1)]
     assert [r["status"] for r in records] == ["completed", "completed"]
@@ -151,12 +154,13 @@ def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished
     assert all(r["steps"] == steps for r in records)
 
     kept = [(job / "results.json").read_bytes() for job in (job0, job1)]
-    again = run_cli(finish)
+    again = run_in_process(finish)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("[lra] already completed") == 2
     assert [(job / "results.json").read_bytes() for job in (job0, job1)] == kept
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_before_training_starts_is_an_interruption(tiny_listops_overrides, tmp_path, signum):
     """SIGTERM or Ctrl-C while the run is set up (outside Lightning's handler) is recorded as an interruption too."""
@@ -172,6 +176,7 @@ def test_a_stop_before_training_starts_is_an_interruption(tiny_listops_overrides
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.process
 def test_a_failure_prints_its_line_last_and_its_traceback_to_error_log(tiny_listops_overrides, tmp_path):
     """The clear line is the last thing on the console (stdout and stderr together); the traceback is in
     ``error.log``, and on the console too with HYDRA_FULL_ERROR=1."""
@@ -180,9 +185,11 @@ def test_a_failure_prints_its_line_last_and_its_traceback_to_error_log(tiny_list
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     for full_error in (None, "1"):
-        run_env = env if full_error is None else {**env, "HYDRA_FULL_ERROR": full_error}
-        proc = subprocess.run(command, cwd=REPO_ROOT, env=run_env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=600)
+        if full_error is None:  # a real process: its console and exit status
+            proc = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=600)
+        else:  # the same entry point in this process (no import cost), its output merged the same way
+            proc = run_in_process(command[1:], env={"HYDRA_FULL_ERROR": full_error}, merge_output=True)
         assert proc.returncode == 1, proc.stdout[-3000:]
         lines = proc.stdout.strip().splitlines()
         assert lines[-1].startswith("[lra] FAILED: ValueError: attention.num_landmark is not a key of attention=softmax "
@@ -207,13 +214,13 @@ def test_the_hint_to_train_a_finished_run_longer_works(tiny_listops_overrides, t
     refusal prints trains those settings in a new run dir from the run's weights, and completes."""
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     args = ["-m", "lra.train", *tiny_listops_overrides, f"paths.log_dir={logs}"]
-    assert run_cli([*args, f"hydra.run.dir={run_dir}"]).returncode == 0
-    longer = run_cli([*args, "trainer.max_steps=6", f"hydra.run.dir={run_dir}"])
+    assert run_in_process([*args, f"hydra.run.dir={run_dir}"]).returncode == 0
+    longer = run_in_process([*args, "trainer.max_steps=6", f"hydra.run.dir={run_dir}"])
     assert longer.returncode == 1 and "NOT RE-RUN" in longer.stderr and "delete" not in longer.stderr
     hint = re.search(r"run them in a new run dir: (python -m lra\.train .*?); from scratch", longer.stderr).group(1)
     command = shlex.split(hint)
     assert command[-1] == f"init_from={run_dir / 'checkpoints' / 'last.ckpt'}" and "trainer.max_steps=6" in command
-    followed = run_cli(command[1:])  # as printed, without `python`
+    followed = run_in_process(command[1:])  # as printed, without `python`
     assert followed.returncode == 0, followed.stderr[-3000:]
     (record_path,) = (logs / "runs").rglob("results.json")
     record = json.loads(record_path.read_text())

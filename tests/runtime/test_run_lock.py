@@ -1,8 +1,9 @@
-"""One process per run dir (``lra.runtime.run_lock``) — real training processes, a real ``fcntl`` lock.
+"""One process per run dir (``lra.runtime.run_lock``) — a real training process, a real ``fcntl`` lock.
 
-The owner is paused mid-training (``LRA_FAULT_SIGSTOP_AT``: alive, its dir held); a second process is refused,
-naming the owner's pid, command and the dir, before it writes anything there, ``.hydra/`` and Hydra's log
-included. Once the owner is SIGKILLed the operating system has released its lock: the same command runs.
+The owner is paused mid-training (``LRA_FAULT_SIGSTOP_AT``: alive, its dir held); a second process (the test's
+own, running ``lra.train``'s entry point: tests.conftest.run_in_process) is refused, naming the owner's pid, command
+and the dir, before it writes anything there, ``.hydra/`` and Hydra's log included. Once the owner is SIGKILLed
+the operating system has released its lock: the same command runs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lra import REPO_ROOT
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"
+pytestmark = pytest.mark.process  # every test pauses a training process
 
 
 def paused(args: list[str], tmp_path: Path) -> subprocess.Popen:
@@ -45,7 +49,7 @@ def test_a_second_process_is_refused_and_a_killed_owner_leaves_no_lock(tiny_list
         before = snapshot(run_dir)
         assert ".hydra/overrides.yaml" in before and "owner.lock" in before
         for other in (args, [*args, "seed=1"]):  # the same command, and other settings
-            refused = run_cli(other)
+            refused = run_in_process(other)
             assert refused.returncode == 1, refused.stderr[-3000:]
             assert (f"[lra] IN USE: {run_dir} (hydra.run.dir) belongs to another running process: pid {owner.pid} "
                     f"on {socket.gethostname()}") in refused.stderr
@@ -55,7 +59,7 @@ def test_a_second_process_is_refused_and_a_killed_owner_leaves_no_lock(tiny_list
     finally:
         owner.kill()  # SIGKILL: no cleanup; the operating system drops the lock
         owner.wait()
-    rerun = run_cli(args)
+    rerun = run_in_process(args)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "IN USE" not in rerun.stdout + rerun.stderr
     assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
@@ -73,7 +77,7 @@ def test_a_running_sweep_refuses_a_second_sweep_and_runs_into_its_dir(tiny_listo
         for command, directory, key in [(args, sweep, "hydra.sweep.dir"), ([*single, f"hydra.run.dir={job}"], job,
                                          "hydra.run.dir"), ([*single, f"hydra.run.dir={sweep / 'extra'}"],
                                                             sweep / "extra", "hydra.run.dir")]:
-            refused = run_cli(command)
+            refused = run_in_process(command)
             assert refused.returncode == 1, refused.stderr[-3000:]
             assert f"[lra] IN USE: {directory} ({key}) belongs to another running process" in refused.stderr
             assert f"pid {owner.pid}" in refused.stderr

@@ -13,7 +13,7 @@ from lra import REPO_ROOT
 from lra.analysis import report
 from lra.runtime.hydra_callbacks import missing_options
 from lra.runtime.sweep_console import summary
-from tests.conftest import CONFIG_DIR, run_cli
+from tests.conftest import CONFIG_DIR, run_cli, run_in_process
 from tests.console_output import sweep_table
 
 EXPERIMENTS = sorted(path.stem for path in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"))
@@ -30,6 +30,7 @@ def second_attention(tmp_path) -> list[str]:
     return [f"hydra.searchpath=[file://{extra.parent}]"]
 
 
+@pytest.mark.process
 def test_joblib_2x2_sweep_runs_in_parallel_and_reports(tiny_listops_overrides, second_attention, tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, *second_attention, "attention=softmax,softmax_b",
@@ -79,7 +80,8 @@ def test_joblib_2x2_sweep_runs_in_parallel_and_reports(tiny_listops_overrides, s
 def test_failed_job_is_reported_and_fails_the_sweep(tiny_listops_overrides, tmp_path):
     sweep = tmp_path / "sweep"
     # trainer.max_steps=0 makes the second job fail in lra.train's validation, the first trains.
-    proc = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, "trainer.max_steps=4,0", f"hydra.sweep.dir={sweep}"])
+    proc = run_in_process(["-m", "lra.train", "-m", *tiny_listops_overrides, "trainer.max_steps=4,0",
+                           f"hydra.sweep.dir={sweep}"])
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "1 job(s) of the sweep" in proc.stderr and "trainer.max_steps must be an integer >= 1" in proc.stderr
     first, rows = sweep_table(proc.stdout, sweep)  # printed before the failures are named
@@ -98,8 +100,8 @@ def test_failed_job_is_reported_and_fails_the_sweep(tiny_listops_overrides, tmp_
 
 def test_sweep_naming_a_missing_config_stops_before_any_job(tiny_listops_overrides, tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", "lra.train", "-m", *tiny_listops_overrides, "attention=softmax,not_a_variant",
-                    f"hydra.sweep.dir={sweep}"])
+    proc = run_in_process(["-m", "lra.train", "-m", *tiny_listops_overrides, "attention=softmax,not_a_variant",
+                           f"hydra.sweep.dir={sweep}"])
     assert proc.returncode == 1
     assert "attention=not_a_variant: no config 'configs/attention/not_a_variant.yaml'" in proc.stderr
     assert not list(sweep.rglob("results.json"))  # the softmax job did not start either
@@ -120,7 +122,7 @@ def test_experiment_config_composes(experiment):
 
 
 def test_experiment_cfg_job_on_the_command_line():
-    proc = run_cli(["-m", "lra.train", "experiment=cur_table1", "--cfg", "job"])
+    proc = run_in_process(["-m", "lra.train", "experiment=cur_table1", "--cfg", "job"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert yaml.safe_load(proc.stdout)["tags"] == ["cur_table1"]
 
@@ -132,6 +134,7 @@ def test_missing_options_reads_sweeps_and_ignores_plain_values():
     assert len(problems) == 1 and problems[0].startswith("attention=nope:") and "attention=softmax" in problems[0]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_submitit_local_runs_a_job(tiny_listops_overrides, tmp_path):
     sweep = tmp_path / "sweep"

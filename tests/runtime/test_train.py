@@ -1,4 +1,6 @@
-"""End-to-end training through the real CLI: results.json, clear errors, kill-and-resume."""
+"""End-to-end training through the real entry point: results.json, clear errors, kill-and-resume. A run killed by a
+signal is a real process (tests.conftest.run_cli); the others run ``lra.train``'s ``main()`` in this process
+(tests.conftest.run_in_process)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 FAULTS = "+callbacks.faults._target_=tests.faults.Faults"  # the fault itself is chosen by LRA_FAULT_* (tests/faults.py)
 
@@ -20,7 +22,7 @@ RESULT_FIELDS = {
 
 def test_few_step_run_writes_results(tiny_listops_overrides, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={run_dir}"])
+    proc = run_in_process(["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert RESULT_FIELDS <= results.keys()
@@ -38,8 +40,8 @@ def test_run_shorter_than_eval_every_is_evaluated_at_its_last_step(tiny_listops_
     """max_steps = 3, eval_every = 5: no periodic evaluation falls in the run, so step 3 is validated, saved as
     the best checkpoint and tested from it."""
     run_dir = tmp_path / "run"
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=3", "task.eval_every=5", "verbose=true",
-                    f"hydra.run.dir={run_dir}"])
+    proc = run_in_process(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=3", "task.eval_every=5",
+                           "verbose=true", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["status"] == "completed" and results["steps"] == 3
@@ -52,14 +54,15 @@ def test_run_shorter_than_eval_every_is_evaluated_at_its_last_step(tiny_listops_
 
 
 def test_max_steps_zero_is_a_clear_error(tiny_listops_overrides, tmp_path):
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=0", f"hydra.run.dir={tmp_path}"])
+    proc = run_in_process(["-m", "lra.train", *tiny_listops_overrides, "trainer.max_steps=0",
+                           f"hydra.run.dir={tmp_path}"])
     assert proc.returncode != 0
     assert "trainer.max_steps must be an integer >= 1 (got 0)" in proc.stderr
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"
 
 
 def test_missing_listops_data_names_the_fix(tmp_path):
-    proc = run_cli([
+    proc = run_in_process([
         "-m", "lra.train", "task=listops", f"task.data_dir={tmp_path / 'absent'}", "logger=none",
         f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}",
     ])
@@ -69,13 +72,14 @@ def test_missing_listops_data_names_the_fix(tmp_path):
 
 def test_unknown_attention_or_task_is_rejected():
     for override in ("attention=no_such_attention", "task=no_such_task"):
-        proc = run_cli(["-m", "lra.train", override])
+        proc = run_in_process(["-m", "lra.train", override])
         assert proc.returncode != 0
         group, value = override.split("=")
         assert proc.stderr.startswith(f"[lra] FAILED: {override}: no config 'configs/{group}/{value}.yaml'")
         assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.process
 def test_killed_run_resumes_from_its_last_checkpoint(tiny_listops_overrides, tmp_path):
     """SIGKILL at step 7 (no exception checkpoint): the same command resumes from last.ckpt of step 5."""
     run_dir = tmp_path / "run"
@@ -85,7 +89,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_listops_overrides, tmp
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     assert not (run_dir / "results.json").exists()
 
-    second = run_cli(args)
+    second = run_in_process(args)
     assert second.returncode == 0, second.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["status"] == "completed" and results["steps"] == 10
@@ -100,14 +104,15 @@ def checkpoint_step(path) -> int:
 def test_last_checkpoint_follows_training_not_the_best_score(tiny_listops_overrides, tmp_path):
     """lr = 1e-30 (0 is refused): val/acc never improves after the first evaluation, yet last.ckpt holds the final step."""
     run_dir = tmp_path / "run"
-    proc = run_cli(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=1e-30", "task.eval_every=5",
-                    "trainer.max_steps=15", f"hydra.run.dir={run_dir}"])
+    proc = run_in_process(["-m", "lra.train", *tiny_listops_overrides, "optimizer.lr=1e-30", "task.eval_every=5",
+                           "trainer.max_steps=15", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     checkpoints = run_dir / "checkpoints"
     assert sorted(path.name for path in checkpoints.glob("best-*.ckpt")) == ["best-5.ckpt"]
     assert checkpoint_step(checkpoints / "last.ckpt") == 15
 
 
+@pytest.mark.process
 def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides, tmp_path):
     """SIGTERM (e.g. SLURM preemption) between evaluations: interrupted-<step>.ckpt and last.ckpt at that step,
     results.json says ``interrupted`` at that step, the exit code is 143 (128 + SIGTERM); the same command
@@ -129,7 +134,7 @@ def test_sigterm_saves_the_current_step_and_resumes_there(tiny_listops_overrides
     batch_size = 16  # tiny_listops_overrides' task.batch_size; 64 train examples: every batch is full
     assert first_part["train_time_s"] > 0 and first_part["samples_seen"] == 3 * batch_size
 
-    second = run_cli(args)
+    second = run_in_process(args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "(step 3)" in second.stdout
     record = json.loads((run_dir / "results.json").read_text())

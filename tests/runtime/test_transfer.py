@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from lra.evaluate import evaluate
 from lra.train import train
-from tests.conftest import CONFIG_DIR, compose_config, run_cli
+from tests.conftest import CONFIG_DIR, compose_config, run_in_process
 
 TINY_MAX_LENGTH = 60  # tiny_listops: lengths 10-60
 
@@ -35,7 +35,7 @@ def tiny_overrides(tiny_listops, tmp_path_factory):
 def softmax_run(tiny_overrides, tmp_path_factory) -> dict:
     """A softmax model trained 4 steps by ``python -m lra.train``: its results.json."""
     run_dir = tmp_path_factory.mktemp("softmax_run")
-    result = run_cli(["-m", "lra.train", *tiny_overrides, "attention=softmax", f"hydra.run.dir={run_dir}"])
+    result = run_in_process(["-m", "lra.train", *tiny_overrides, "attention=softmax", f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "completed" and Path(record["best_checkpoint"]).is_file()
@@ -44,7 +44,7 @@ def softmax_run(tiny_overrides, tmp_path_factory) -> dict:
 
 def test_softmax_checkpoint_evaluates_identically_as_cur_with_m_covering_every_token(softmax_run, tiny_overrides, tmp_path):
     ckpt = softmax_run["best_checkpoint"]
-    result = run_cli([
+    result = run_in_process([
         "-m", "lra.evaluate", *tiny_overrides, f"ckpt_path={ckpt}", "attention=curformer",
         f"attention.num_landmarks={TINY_MAX_LENGTH}", f"hydra.run.dir={tmp_path}",
     ])
@@ -103,7 +103,7 @@ def test_table4_experiment_sweeps_five_rules_by_five_seeds():
 
 def test_evaluate_with_a_missing_checkpoint_is_one_line_and_writes_nothing(tmp_path):
     logs = tmp_path / "outputs"
-    proc = run_cli(["-m", "lra.evaluate", f"ckpt_path={tmp_path / 'absent.ckpt'}", f"paths.log_dir={logs}"])
+    proc = run_in_process(["-m", "lra.evaluate", f"ckpt_path={tmp_path / 'absent.ckpt'}", f"paths.log_dir={logs}"])
     assert proc.returncode == 1 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"[lra] FAILED: ckpt_path={tmp_path / 'absent.ckpt'}: no such file. Give a checkpoint")
@@ -114,7 +114,7 @@ def test_evaluate_with_an_unreadable_checkpoint_fails_in_one_line_with_its_trace
     ckpt = tmp_path / "broken.ckpt"
     ckpt.write_bytes(b"not a checkpoint")
     run_dir = tmp_path / "evaluation"
-    proc = run_cli(["-m", "lra.evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}", "logger=none"])
+    proc = run_in_process(["-m", "lra.evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}", "logger=none"])
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(f"[lra] FAILED: ValueError: {ckpt} is not a readable checkpoint")
     assert "Traceback" not in proc.stdout + proc.stderr and "Traceback" in (run_dir / "error.log").read_text()

@@ -35,6 +35,7 @@ print(hashlib.sha256(b"".join(module.splits[s].ids.numpy().tobytes() for s in ("
 """ % (SIZES,)
 
 
+@pytest.mark.process
 def test_parallel_processes_generate_and_cache_the_same_data_without_failing(tmp_path):
     data_dir, cache_dir, go = tmp_path / "listops", tmp_path / "cache", tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
@@ -124,6 +125,7 @@ def test_a_failed_build_leaves_a_folder_it_did_not_create(tmp_path):
     assert folder.is_dir() and not any(folder.iterdir())  # empty, but not this build's to remove
 
 
+@pytest.mark.process
 def test_a_process_waiting_on_a_failed_build_takes_it_over(tmp_path):
     """The failing builder removes the folder the waiter waits in; the waiter makes it again and builds."""
     target = tmp_path / "cache" / "listops-0" / "train.pt"

@@ -13,7 +13,7 @@ import torch
 
 from lra.tasks import image, listops, retrieval, text
 from lra.tasks.base import TokenizedSplit, first_bad_example
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 
 
 def split(ids, lengths, labels) -> TokenizedSplit:
@@ -55,7 +55,7 @@ def test_a_cached_bad_example_is_named_by_its_line(tiny_listops, tmp_path):
     stored = torch.load(path, weights_only=True)
     stored["labels"][5] = 11
     torch.save(stored, path)
-    with pytest.raises(ValueError, match=rf"basic_val.tsv:7: not a listops example: label 11 outside 0..9"):
+    with pytest.raises(ValueError, match=r"basic_val.tsv:7: not a listops example: label 11 outside 0..9"):
         listops.ListOpsDataModule(data_dir=str(tiny_listops), max_length=60, batch_size=4,
                                   cache_dir=str(tmp_path)).setup()
 
@@ -86,7 +86,7 @@ def test_a_train_file_with_an_english_line_fails_before_step_1(tiny_listops, tin
     train.write_text("\n".join(lines) + "\n")
     run_dir = tmp_path / "run"
     overrides = [o for o in tiny_listops_overrides if not o.startswith("task.data_dir")]
-    proc = run_cli(["-m", "lra.train", *overrides, f"task.data_dir={data_dir}", f"hydra.run.dir={run_dir}"])
+    proc = run_in_process(["-m", "lra.train", *overrides, f"task.data_dir={data_dir}", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 1
     failed = [line for line in proc.stderr.splitlines() if line.startswith("[lra] FAILED:")]
     assert len(failed) == 1 and f"{train}:11: not a ListOps example: 'some' is not a ListOps token" in failed[0]

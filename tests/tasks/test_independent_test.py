@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 from lra.analysis import listops_cue
 from lra.tasks import listops
 
@@ -40,7 +40,7 @@ def test_training_tests_the_best_checkpoint_on_the_independent_test(tmp_path, ti
                      max_length=60)
     overrides = [o for o in tiny_listops_overrides if not o.startswith("task.data_dir=")] + [f"task.data_dir={data}"]
     run_dir = tmp_path / "run"
-    result = run_cli(["-m", "lra.train", *overrides, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"])
+    result = run_in_process(["-m", "lra.train", *overrides, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = json.loads((run_dir / "results.json").read_text())
     predictions = json.loads((run_dir / "predictions.json").read_text())
@@ -59,7 +59,7 @@ def test_training_tests_the_best_checkpoint_on_the_independent_test(tmp_path, ti
 
 def test_data_without_the_independent_test_keeps_working(tmp_path, tiny_listops_overrides):
     run_dir = tmp_path / "run"
-    result = run_cli(["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={run_dir}"])
+    result = run_in_process(["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = json.loads((run_dir / "results.json").read_text())
     assert record["test_acc"] is not None and "independent_test_acc" not in record
@@ -71,21 +71,21 @@ def test_evaluate_rebuilds_the_model_the_checkpoint_was_trained_with(tmp_path, t
     is the training run's; a dotted override applies on top of the stored settings (``+``: the composed
     default attention, softmax, has no such key)."""
     train_dir, eval_dir, changed_dir = tmp_path / "train", tmp_path / "eval", tmp_path / "changed"
-    trained = run_cli(["-m", "lra.train", *tiny_listops_overrides, "attention=curformer", "attention.num_landmarks=4",
-                       f"hydra.run.dir={train_dir}"])
+    trained = run_in_process(["-m", "lra.train", *tiny_listops_overrides, "attention=curformer",
+                              "attention.num_landmarks=4", f"hydra.run.dir={train_dir}"])
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     record = json.loads((train_dir / "results.json").read_text())
     data_overrides = [o for o in tiny_listops_overrides if o.startswith(("task=", "task.data_dir=", "paths.", "logger="))]
-    evaluated = run_cli(["-m", "lra.evaluate", f"ckpt_path={record['best_checkpoint']}", *data_overrides,
-                         f"hydra.run.dir={eval_dir}"])
+    evaluated = run_in_process(["-m", "lra.evaluate", f"ckpt_path={record['best_checkpoint']}", *data_overrides,
+                                f"hydra.run.dir={eval_dir}"])
     assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
     result = json.loads((eval_dir / "results.json").read_text())
     assert result["config"]["attention"]["name"] == "curformer" and result["config"]["attention"]["num_landmarks"] == 4
     assert result["test_acc"] == record["test_acc"]
     assert result["shortcut_test_acc"] == record["shortcut_test_acc"]  # the same data: the same cue
     assert json.loads((eval_dir / "predictions.json").read_text()) == json.loads((train_dir / "predictions.json").read_text())
-    changed = run_cli(["-m", "lra.evaluate", f"ckpt_path={record['best_checkpoint']}", *data_overrides,
-                       "+attention.num_landmarks=2", f"hydra.run.dir={changed_dir}"])
+    changed = run_in_process(["-m", "lra.evaluate", f"ckpt_path={record['best_checkpoint']}", *data_overrides,
+                              "+attention.num_landmarks=2", f"hydra.run.dir={changed_dir}"])
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
     changed_config = json.loads((changed_dir / "results.json").read_text())["config"]["attention"]
     assert (changed_config["name"], changed_config["num_landmarks"]) == ("curformer", 2)

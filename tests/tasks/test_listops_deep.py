@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lra.module import build_module
-from tests.conftest import compose_config, run_cli
+from tests.conftest import compose_config, run_in_process
 from tests.test_configs import options
 
 ATTENTIONS = [*options("attention"), "linear/elu", "linear/delta"]
@@ -41,8 +41,8 @@ def test_the_recipe_builds_and_steps_for_every_attention(attention, tmp_path):
 def test_the_recipe_trains_and_tests_on_the_cpu(tiny_listops_overrides, tmp_path):
     """The issue's command (experiment=listops_deep task=listops_small attention=curformer) on the tiny data."""
     overrides = [o for o in tiny_listops_overrides if not o.startswith(("task.batch_size", "task.warmup_steps"))]
-    run = run_cli(["-m", "lra.train", "experiment=listops_deep", *overrides, "attention=curformer", "trainer.max_steps=4",
-                   "task.eval_every=2", f"hydra.run.dir={tmp_path / 'run'}"])
+    run = run_in_process(["-m", "lra.train", "experiment=listops_deep", *overrides, "attention=curformer",
+                          "trainer.max_steps=4", "task.eval_every=2", f"hydra.run.dir={tmp_path / 'run'}"])
     assert run.returncode == 0, run.stderr[-3000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["status"] == "completed" and record["steps"] == 4 and 0.0 <= record["test_acc"] <= 1.0

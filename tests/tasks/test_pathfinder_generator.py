@@ -60,6 +60,7 @@ def flood_connected(image: np.ndarray, a: tuple[float, float], b: tuple[float, f
     return False
 
 
+@pytest.mark.process
 def test_release_layout_size_and_value_range(generated):
     rows = metadata(generated)
     assert len(rows) == COUNT
@@ -74,6 +75,7 @@ def test_release_layout_size_and_value_range(generated):
     assert len(list((generated / "imgs" / "2").iterdir())) == COUNT - 2 * BATCH
 
 
+@pytest.mark.process
 def test_labels_balanced(generated):
     labels = [int(row[3]) for row in metadata(generated)]
     assert set(labels) == {0, 1} and sum(labels) == COUNT // 2  # exactly one positive per pair (2j, 2j+1)
@@ -81,6 +83,7 @@ def test_labels_balanced(generated):
     assert sum(many) == 1000 and 0.4 < np.mean(many[0::2]) < 0.6  # balanced, and not simply alternating
 
 
+@pytest.mark.process
 def test_same_seed_same_bytes_whatever_the_worker_count(generated, tmp_path):
     again = generate(tmp_path / "again", count=6, seed=SEED, workers=1, batch_size=BATCH)
     assert again["images"] == 6 and again["images_per_s"] > 0
@@ -91,6 +94,7 @@ def test_same_seed_same_bytes_whatever_the_worker_count(generated, tmp_path):
     assert (tmp_path / "other" / "imgs/0/sample_0.png").read_bytes() != (generated / "imgs/0/sample_0.png").read_bytes()
 
 
+@pytest.mark.process
 def test_reader_reads_the_generated_layout(generated, tmp_path):
     listing = pathfinder.read_listing(generated)
     assert len(listing.images) == COUNT and listing.empty == 0
@@ -104,6 +108,7 @@ def test_reader_reads_the_generated_layout(generated, tmp_path):
     assert int(module.splits["train"].ids.max()) == 255 and bool((module.splits["train"].lengths == 1024).all())
 
 
+@pytest.mark.process
 def test_flood_fill_between_markers_agrees_with_label(generated):
     agree = []
     for row in metadata(generated):
@@ -128,6 +133,7 @@ def test_segment_distance_matches_dense_sampling():
     assert segment_distances(*crossing)[0, 0] == 0.0
 
 
+@pytest.mark.process
 def test_errors_name_the_option_and_the_fix(generated):
     with pytest.raises(ValueError, match="--resolution"):
         parameters(48, 14)
@@ -141,6 +147,7 @@ def test_errors_name_the_option_and_the_fix(generated):
 GPU_SMOKE = {"TRAINER": "gpu", "COUNT": "200000", "BATCH": "256", "MAX_STEPS": "20000", "MAX_TIME": "00:03:00:00"}
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: on 2 CPU cores 4,520 steps stayed at chance")
 def test_smoke_training_beats_chance(tmp_path):

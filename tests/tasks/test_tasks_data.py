@@ -31,6 +31,7 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.process
 def test_script_fetches_and_unpacks_archives_into_the_documented_layout(tmp_path):
     imdb = make_tar(tmp_path / "imdb.tar.gz", {"aclImdb/train/pos/0_9.txt": b"great", "aclImdb/test/neg/0_1.txt": b"bad"})
     release = make_tar(tmp_path / "lra.gz", {"lra_release/tsv_data/new_aan_pairs.eval.tsv": b"1.0\ta\tb\tx\ty\n"})
@@ -45,6 +46,7 @@ def test_script_fetches_and_unpacks_archives_into_the_documented_layout(tmp_path
     assert again.returncode == 0 and "already there" in again.stdout  # nothing fetched twice
 
 
+@pytest.mark.process
 def test_unknown_names_and_bad_urls_are_rejected(tmp_path):
     proc = run_script("mnist", "--data-dir", str(tmp_path))
     assert proc.returncode != 0 and "unknown dataset mnist" in proc.stderr
@@ -68,6 +70,7 @@ def test_a_corrupt_or_wrong_archive_is_named(tmp_path):
         unpack(wrong, tmp_path / "data", "aclImdb")
 
 
+@pytest.mark.process
 def test_an_unpack_killed_part_way_is_redone_not_taken_as_done(tmp_path):
     files = {f"aclImdb/train/pos/{i}_7.txt": b"x" * 200 for i in range(4000)}
     archive = make_tar(tmp_path / "imdb.tar.gz", files)

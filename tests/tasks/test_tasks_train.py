@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lra.train import train
-from tests.conftest import compose_config, run_cli
+from tests.conftest import compose_config, run_in_process
 from tests.tasks.test_tasks_image import write_cifar
 from tests.tasks.test_tasks_pathfinder import write_pathfinder
 from tests.tasks.test_tasks_retrieval import write_aan
@@ -38,7 +38,7 @@ def results(run_dir: Path) -> dict:
 
 def test_text_retrieval_image_pathfinder_train_in_one_sweep(data_dir, tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli([
+    proc = run_in_process([
         "-m", "lra.train", "-m", "task=text,retrieval,image,pathfinder", f"paths.data_dir={data_dir}",
         f"paths.cache_dir={tmp_path / 'cache'}", *FEW_STEPS, f"hydra.sweep.dir={sweep}",
     ])

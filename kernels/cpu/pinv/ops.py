@@ -2,7 +2,7 @@
 
 :func:`iterate` runs the ``n_iter`` steps ``Z ← Z · ¼ (13I − AZ(15I − AZ(7I − AZ)))`` of every ``m × m`` problem in
 one call, optionally keeping each step's ``(Z, AZ, W, inner, S)`` for :func:`iterate_backward`, the same chain
-rule as :class:`attention.pinv._Iterations` (the equations are in the C++ file). ATen runs the same products as
+rule as :class:`kernels.pinv.ops.Iterations` (the equations are in the C++ file). ATen runs the same products as
 24 calls per forward and 48 per backward (6 steps), each a batched GEMM with its dispatch, and copies the identity
 for every diagonal term.
 
@@ -27,7 +27,7 @@ STEP_MATRICES = 5  # (Z, AZ, W, inner, S) kept per step for the backward
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """The kernel (``pinv.cpp``), or None (with a warning) without a compiler."""
-    return load_or_warn(source("pinv.cpp"), "the pseudo-inverse runs its PyTorch form", "pinv_vector_bytes", {
+    return load_or_warn(source("pinv/pinv.cpp"), "the pseudo-inverse runs its PyTorch form", "pinv_vector_bytes", {
         "pinv_iterate_f32": [PTR] * 4 + [I64] * 2 + [ctypes.c_int] * 2,
         "pinv_iterate_backward_f32": [PTR] * 5 + [I64] * 2 + [ctypes.c_int] * 2,
     }, ctypes.c_int)

@@ -1,5 +1,6 @@
 """CUR attention with the softmax or the L1 score, trained on the CPU kernels of :mod:`kernels.cpu.landmarks` as
-one autograd node (docs/bench.md "CUR's backward without full-size copies").
+one autograd node (docs/bench.md "CUR's backward without full-size copies"); the method: :mod:`attention.cur`, the
+plain PyTorch reference: :mod:`kernels.cpu.cur.naive`.
 
 Same equations and values as :func:`attention.cur.cur_attention` (its module doc): ``R V`` by the few-queries
 kernel, ``U = C[I]`` and ``W = U⁺ (R V)`` by PyTorch (``m × m``), ``Y = C W`` by the few-keys kernel, then
@@ -12,18 +13,25 @@ reads the rows ``I`` of ``dY`` as 0 (``zero_rows``) instead of a zeroed copy: pe
 result beyond summation order.
 
 The ``m × m`` middle (``U``, the pseudo-inverse, ``W``) is recorded by autograd during the forward on detached
-copies of ``Q_I``, ``K_J``, ``R V`` and differentiated with ``torch.autograd.grad`` in the backward. Used by
-:func:`attention.cur.cur_attention` when gradients are wanted and :func:`takes` the operands; the no-grad
+copies of ``Q_I``, ``K_J``, ``R V`` and differentiated with ``torch.autograd.grad`` in the backward; the method
+passes in its score and its pseudo-inverse (kernels import no method). Backend, chosen once by :func:`takes`: used
+by :func:`attention.cur.cur_attention` when gradients are wanted and :func:`takes` the operands; the no-grad
 forward already overwrites in place.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from kernels.cpu import landmarks
-from attention.pinv import iterative_pinv
-from attention.selection import gather_rows
+from kernels.cpu.landmarks import ops as landmarks
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` ``(B, H, m)`` of ``x`` ``(B, H, n, e)`` -> ``(B, H, m, e)`` (the method's
+    :func:`attention.selection.gather_rows`)."""
+    return x.gather(2, index[..., None].expand(*index.shape, x.shape[-1]))
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int) -> bool:
@@ -37,11 +45,12 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int) -> bool:
 class CURKernelAttention(torch.autograd.Function):
     """``cur_attention``'s fused path as one node (module doc); float32 ``(B, H, n, d)`` operands, bool ``valid_q``,
     ``valid_k`` ``(B, H, m)``: whether each selected row is a real token; ``score`` has ``kernel_form`` (the
-    kernels' scale and whether they score by L1 distance: :class:`attention.scores.SoftmaxScore`, ``L1Score``)."""
+    kernels' scale and whether they score by L1 distance: :class:`attention.scores.SoftmaxScore`, ``L1Score``);
+    ``pinv`` maps ``U`` ``(B, H, m, m)`` to ``U⁺`` (:func:`attention.pinv.iterative_pinv` with CUR's iterations)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score, pinv_iters: int,
-                overwrite_rows: bool, pinv_init: str):
+    def forward(ctx, q, k, v, key_mask, index_q, index_k, valid_q, valid_k, score,
+                pinv: Callable[[torch.Tensor], torch.Tensor], overwrite_rows: bool):
         batch, heads, n, d = q.shape
         m = index_q.shape[-1]
         scale, l1 = score.kernel_form(d)
@@ -53,7 +62,7 @@ class CURKernelAttention(torch.autograd.Function):
             middle = [x.detach().requires_grad_() for x in (q_rows, k_rows, rv)]
             c_rows = score(middle[0], middle[1], valid_k[:, :, None, :], index_q, index_k)  # U = C[I]
             eye = torch.eye(m, dtype=q.dtype, device=q.device)
-            w = iterative_pinv(torch.where(valid_q[..., None], c_rows, eye), pinv_iters, pinv_init) @ middle[2]
+            w = pinv(torch.where(valid_q[..., None], c_rows, eye)) @ middle[2]
         y, y_max, y_sum = landmarks.few_keys_forward(q, k_rows, w.detach(), landmark_bias, scale, l1)  # C W
         if overwrite_rows:
             y.scatter_(2, index_q[..., None].expand_as(rv), rv)
@@ -78,4 +87,4 @@ class CURKernelAttention(torch.autograd.Function):
                                                                 ctx.l1)
         dq.scatter_add_(2, rows_q, dq_rows.add_(dq_rows_rv))
         dk.scatter_add_(2, index_k[..., None].expand_as(k_rows), dk_rows.add_(dk_rows_middle))
-        return dq, dk, dv, *[None] * 9
+        return dq, dk, dv, *[None] * 8

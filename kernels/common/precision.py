@@ -1,9 +1,11 @@
-"""Autocast off for the float32 regions of the attention maths (docs/design.md §1 "Numerical precision").
+"""Autocast off for the float32 regions of the attention maths and their kernels' autograd formulas
+(docs/design.md §1 "Numerical precision").
 
 Pseudo-inverses, CUR/Nyström matrices, L1 distances, the delta-rule solve and MEGA's FFT run in float32
 with autocast disabled. ``torch.autocast`` refuses device types that have no autocast at all (``meta``:
 shapes without values, which tests/runtime/test_device_hygiene.py uses to catch host syncs), so those get a null
-context: with no autocast there is nothing to disable.
+context: with no autocast there is nothing to disable. (Here, below :mod:`attention`, so that the kernels'
+autograd formulas use it too.)
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Bindings of ``selection.cpp``, CUR's landmark selection on CPU (float32; the method: :mod:`attention.selection`).
+"""Bindings of ``selection.cpp``, CUR's landmark selection on CPU (float32; the method: :mod:`attention.selection`;
+the plain PyTorch reference: :mod:`kernels.cpu.selection.naive`). Not differentiated: no autograd node.
 
 * :func:`abs_row_sums` ``Σ_e |x_ie|`` ``(B, H, n)`` from ``x`` ``(B, H, n, d)``: one pass over ``x``, where
   ``x.abs().sum(-1)`` writes and rereads a full-size ``|X|`` (CUR paper §7.1, the ``abs`` rule);
 * :func:`top_indices`, the landmarks of given priorities (:func:`attention.selection._top`) by one selection and
   one scan per row, where PyTorch runs a dozen sequence-sized operations.
 
-Same conditions as the attention kernels of :mod:`kernels.cpu.landmarks` (float32 CPU tensors with contiguous
-rows, eager, no dispatch mode, the libraries built); anything else runs the PyTorch forms.
+Backend: the conditions of the landmark kernels (:func:`kernels.cpu.landmarks.ops.kernel_takes`: float32 CPU
+tensors with contiguous rows, eager, no dispatch mode, the libraries built), checked once in each function; anything
+else runs the PyTorch forms.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import functools
 import torch
 
 from kernels.cpu.build import I64, PTR, load_or_warn, source
-from kernels.cpu.landmarks import kernel_takes, strides_of
+from kernels.cpu.landmarks.ops import kernel_takes, strides_of
 
 
 @functools.lru_cache(maxsize=None)
 def selection_library() -> ctypes.CDLL | None:
     """The selection kernels (``selection.cpp``), or None (with a warning) without a compiler."""
-    return load_or_warn(source("selection.cpp"), "CUR's selection runs its PyTorch form",
+    return load_or_warn(source("selection/selection.cpp"), "CUR's selection runs its PyTorch form",
                         "landmarks_selection_vector_bytes", {
                             "landmarks_abs_row_sums_f32": [PTR] * 3 + [I64] * 4 + [ctypes.c_int],
                             "landmarks_top_indices_f32": [PTR] * 3 + [I64] * 4 + [ctypes.c_int] * 2,

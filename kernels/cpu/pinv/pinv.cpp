@@ -1,5 +1,5 @@
 // CPU kernel of the iterative pseudo-inverse's steps (attention/pinv.py: Nyströmformer, Xiong et al. 2021, eq. 16),
-// float32, built and bound by kernels/cpu/pinv.py (plain C ABI through ctypes). Per problem (one m x m matrix A
+// float32, built and bound by kernels/cpu/pinv/ops.py (plain C ABI through ctypes). Per problem (one m x m matrix A
 // and its start Z_0), n_iter steps
 //   AZ = A Z,   W = 7I - AZ,   inner = 15I - AZ W,   S = 13/4 I - 1/4 AZ inner,   Z <- Z S,
 // and their backward from G = dL/dZ_last: the chain rule of pinv.py's _Iterations, written for the transposes so
@@ -16,7 +16,7 @@ namespace {
 
 using namespace landmarks;
 
-constexpr int kStep = 5;  // matrices kept per step for the backward: Z, AZ, W, inner, S (kernels/cpu/pinv.py's STEP_MATRICES)
+constexpr int kStep = 5;  // matrices kept per step for the backward: Z, AZ, W, inner, S (kernels/cpu/pinv/ops.py's STEP_MATRICES)
 
 // c = alpha * a b + beta * c + diag * I for m x m row-major matrices, m = MV * W; c is neither a nor b, and with
 // beta = 0 c is only written.

@@ -1,5 +1,8 @@
-"""Bindings of ``landmarks.cpp`` and ``landmarks_backward.cpp`` (float32): softmax or L1-score attention where one
-side is a few landmarks (the autograd node and the dispatch: :mod:`attention.landmarks_cpu`).
+"""Landmark attention on the CPU (float32): softmax or L1-score attention where one side is a few landmarks, the
+bindings of ``landmarks.cpp`` and ``landmarks_backward.cpp`` (with the shared ``kernels/cpu/landmarks.h``), the
+autograd node :class:`LandmarkAttention` over them and :func:`attend`, the op the score functions call
+(:meth:`attention.scores.SoftmaxScore.attend`, ``L1Score.attend``). The plain PyTorch reference the tests compare
+against: :mod:`kernels.cpu.landmarks.naive`.
 
 * *few keys* (:func:`few_keys_forward`, ≤ 128 keys: CUR's and Nyström's ``C W``): a query row's logits stay in
   registers; *few queries* (:func:`few_queries_forward`, ≤ 128 queries: ``R V``, Nyström's ``k₃ V``): logits are
@@ -13,10 +16,14 @@ side is a few landmarks (the autograd node and the dispatch: :mod:`attention.lan
   ``dK = scale · dSᵀ Q``, ``dV = Pᵀ dY`` (L1: ``dS`` contracted with ``sign(q_i − k_j)``), the weights recomputed
   a tile at a time; every gradient is written once in the layout of its operand.
 
-Conditions (:func:`kernel_takes`, :func:`kernel_for`): float32 CPU tensors with contiguous rows, outside
+Backend, chosen once by :func:`kernel_for` (on :func:`kernel_takes`, which the selection and pseudo-inverse kernels
+share): float32 CPU tensors with contiguous rows, outside
 ``torch.compile`` (a ctypes call would break the graph) and outside dispatch modes (``FlopCounterMode`` counts the
 PyTorch forms, the same products), a head size that is a multiple of the vector width and a mask that depends on
-the key only; the caller runs the PyTorch forms otherwise. Without a compiler they warn once (:mod:`kernels.cpu.build`).
+the key only; :func:`attend` runs SDPA otherwise. Without a compiler they warn once (:mod:`kernels.cpu.build`).
+:class:`LandmarkAttention` backpropagates by the backward kernels, or for dot products by ATen's flash-attention
+backward where they cannot run (no compiler, a dispatch mode). Proxyformer keeps SDPA (docs/bench.md, "Landmark
+kernels on CPU").
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import ctypes
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from kernels.cpu.build import I64, PTR, load_or_warn, source, vector_bytes
@@ -38,7 +46,7 @@ _TAIL = [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # the attention kernels' l
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """The forward kernels (``landmarks.cpp``), or None (with a warning) without a compiler."""
-    return load_or_warn(source("landmarks.cpp"), "landmark attention runs without its CPU kernels",
+    return load_or_warn(source("landmarks/landmarks.cpp"), "landmark attention runs without its CPU kernels",
                         "landmarks_vector_bytes", {
                             "landmarks_few_keys_attend_f32": [PTR] * 10 + [I64] * 6 + _TAIL,
                             "landmarks_few_queries_attend_f32": [PTR] * 6 + [I64] + [PTR] * 4 + [I64] * 6 + _TAIL,
@@ -49,8 +57,8 @@ def library() -> ctypes.CDLL | None:
 def backward_library() -> ctypes.CDLL | None:
     """The backward kernels (``landmarks_backward.cpp``), or None (with a warning: ATen's flash backward runs
     instead)."""
-    return load_or_warn(source("landmarks_backward.cpp"), "landmark attention's backward runs ATen's flash backward",
-                        "landmarks_backward_vector_bytes", {
+    return load_or_warn(source("landmarks/landmarks_backward.cpp"),
+                        "landmark attention's backward runs ATen's flash backward", "landmarks_backward_vector_bytes", {
                             "landmarks_few_keys_backward_f32": [PTR] * 16 + [I64] * 7 + _TAIL,
                             "landmarks_few_queries_backward_f32": [PTR] * 11 + [I64] + [PTR] * 5 + [I64] * 6 + _TAIL,
                         }, ctypes.c_int)
@@ -201,3 +209,54 @@ def few_queries_backward(grad, q, k, v, bias, y, lse, scale: float,
 
 FORWARDS = {"few_keys": few_keys_forward, "few_queries": few_queries_forward}
 BACKWARDS = {"few_keys": few_keys_backward, "few_queries": few_queries_backward}
+
+
+
+class LandmarkAttention(torch.autograd.Function):
+    """``softmax(scale · Q Kᵀ + bias) V`` (``l1``: ``softmax(scale · ‖q_i − k_j‖₁ + bias) V``) by the kernel ``kind``;
+    backward by its backward kernel, or for dot products ATen's flash-attention backward where that does not apply
+    (no compiler, a dispatch mode)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale: float, kind: str, l1: bool):
+        y, row_max, row_sum = FORWARDS[kind](q, k, v, bias, scale, l1)
+        lse = row_sum.log_().add_(row_max) if any(ctx.needs_input_grad[:3]) else None
+        ctx.save_for_backward(q, k, v, bias, y, lse)
+        ctx.scale, ctx.kind, ctx.l1 = scale, kind, l1
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, bias, y, lse = ctx.saved_tensors
+        grad = grad if grad.stride(-1) == 1 else grad.contiguous()  # e.g. the expanded gradient of a sum
+        if kernel_takes(grad) and backward_library() is not None:
+            grads = BACKWARDS[ctx.kind](grad, q, k, v, bias, y, lse, ctx.scale, ctx.l1)
+        elif ctx.l1:
+            raise RuntimeError("the backward of L1 landmark attention runs only by its CPU kernel, which cannot run "
+                               "inside torch.compile or a dispatch mode: run the forward there too (it then takes "
+                               "the PyTorch form of attention.scores.L1Score)")
+        else:
+            grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, q, k, v, y, lse, 0.0, False, attn_mask=bias, scale=ctx.scale)
+        return *grads, None, None, None, None
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+           l1_scale: float | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)`` (default scale ``1/√d``), by a kernel where
+    :func:`kernel_for` names one; ``key_mask`` bool broadcasting to ``(B, H, 1, n_keys)`` or None.
+
+    With ``l1_scale`` ``c``: ``softmax(c · ‖q_i − k_j‖₁ + log M) V`` (L1 scores, ``c = −λ/√d``), by a kernel only
+    (the caller checks :func:`kernel_for` and :func:`backward_library`; :class:`attention.scores.L1Score` does)."""
+    kind = kernel_for(q, k, v, key_mask)
+    if kind is None and l1_scale is not None:
+        raise ValueError("kernels.cpu.landmarks.ops.attend with L1 scores needs a kernel (kernel_for names none for "
+                         "these operands)")
+    if kind is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+    batch, heads = torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    q, k, v = (x.expand(batch, heads, *x.shape[2:]) for x in (q, k, v))
+    bias = key_bias(key_mask, batch, heads, k.shape[-2], q)
+    scale = q.shape[-1] ** -0.5 if l1_scale is None else l1_scale
+    return LandmarkAttention.apply(q, k, v, bias, scale, kind, l1_scale is not None)

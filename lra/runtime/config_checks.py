@@ -1,0 +1,45 @@
+"""The composed run config checked before anything is built: errors Lightning would give late, cryptically or
+never (a silent bad run), given early with the key to fix (:func:`validate`), and a note where a setting makes an
+approximation exact (:func:`note_exact_landmarks`). The ``pretrain`` keys: :func:`lra.pretrain.validate`."""
+
+from __future__ import annotations
+
+import math
+
+from omegaconf import DictConfig, OmegaConf
+
+from lra.config_keys import PROBABILITY_NODES, check_probabilities
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Errors Lightning would give late, cryptically or never (a silent bad run), given early with the key to fix."""
+    if not is_int(cfg.seed):
+        raise ValueError(f"seed must be an integer (got {cfg.seed!r}); e.g. seed=0, or -m seed=0,1,2 for a sweep")
+    if not is_int(cfg.trainer.max_steps) or cfg.trainer.max_steps < 1:
+        raise ValueError(f"trainer.max_steps must be an integer >= 1 (got {cfg.trainer.max_steps!r}); "
+                         "e.g. trainer.max_steps=100")
+    if not is_int(cfg.task.eval_every) or cfg.task.eval_every < 1:
+        raise ValueError(f"task.eval_every must be an integer >= 1 (got {cfg.task.eval_every!r}); e.g. task.eval_every=50")
+    if not is_int(cfg.task.max_length) or cfg.task.max_length < 1:
+        raise ValueError(f"task.max_length must be an integer >= 1 (got {cfg.task.max_length!r}): sequences are "
+                         f"truncated to it; e.g. task.max_length=2000 (ListOps in LRA)")
+    if not is_int(cfg.task.batch_size) or cfg.task.batch_size < 1:
+        raise ValueError(f"task.batch_size must be an integer >= 1 (got {cfg.task.batch_size!r}); e.g. task.batch_size=32")
+    lr = OmegaConf.select(cfg, "optimizer.lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0):
+        raise ValueError(f"optimizer.lr must be a finite number > 0 (got {lr!r}); e.g. optimizer.lr=1e-4 (the LRA setting)")
+    check_probabilities({group: OmegaConf.to_container(cfg[group], resolve=True)
+                         for group in PROBABILITY_NODES if cfg.get(group) is not None})
+
+
+def note_exact_landmarks(cfg: DictConfig) -> None:
+    """Say so when a landmark method's ``m`` covers every position: m = min(num_landmarks, n) = n makes it exact."""
+    landmarks = OmegaConf.select(cfg, "attention.num_landmarks")
+    if is_int(landmarks) and landmarks >= cfg.task.max_length:
+        print(f"[lra] note: attention.num_landmarks={landmarks} >= task.max_length={cfg.task.max_length}: every token "
+              f"is a landmark, so {cfg.attention.name} computes exact attention here; for the approximation pick "
+              f"attention.num_landmarks < {cfg.task.max_length} (e.g. 64)", flush=True)
