@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from lra.config import CONFIG_DIR
 from lra.module import build_model
 from tests.conftest import compose_config
 
@@ -84,18 +85,7 @@ def train_step_on_meta(overrides: list[str], batch: int = 2, n: int = 160) -> tu
     return model, mode
 
 
-VARIANTS = [
-    "softmax",
-    "curformer",
-    "flashcur",
-    "nystromformer",
-    "proxyformer",
-    "l1",
-    "l1_cur",
-    "mega",
-    "megacur",
-    "liza",
-]
+VARIANTS = sorted(path.stem for path in (CONFIG_DIR / "attention").glob("*.yaml"))  # every variant, as it is added
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
