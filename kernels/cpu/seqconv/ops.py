@@ -134,5 +134,6 @@ class SegmentSums(torch.autograd.Function):
         (segment,) = ctx.saved_tensors
         batch, heads, m, d = grad.shape
         padded = torch.cat([grad, grad.new_zeros(batch, heads, 1, d)], 2)  # segment m (and beyond): 0
-        index = segment.clamp(0, m)[:, None, :, None].expand(batch, heads, segment.shape[-1], d)
+        outside = (segment < 0) | (segment >= m)  # left out of the sums, as in the forward: gradient 0
+        index = segment.masked_fill(outside, m)[:, None, :, None].expand(batch, heads, segment.shape[-1], d)
         return padded.gather(2, index), None, None
