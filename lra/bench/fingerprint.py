@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from pathlib import Path
 
 import torch
-
-from pathlib import Path
 
 from lra.bench.common import default_out_dir, machine, machine_line, select_variants, setup_process, write_csv
 from lra.config import compose_config
