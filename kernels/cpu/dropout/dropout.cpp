@@ -1,7 +1,7 @@
 // CPU kernel of models/dropout.py's Dropout: y[i] = x[i] * keep[i] / (1 - p) in one pass over n contiguous
 // elements, keep[i] decided by a counter-based hash of (seed, i) alone, so the mask does not depend on the
 // threads or the chunking, and backward regenerates it from the seed (it is the same call on the gradient).
-// Built and bound by kernels/cpu/dropout.py (plain C ABI through ctypes).
+// Built and bound by kernels/cpu/dropout/ops.py (plain C ABI through ctypes).
 //
 // Hash: the splitmix64 output function (Steele, Lea, Flood, "Fast splittable pseudorandom number generators",
 // OOPSLA 2014; constants of Vigna's splitmix64.c, mixer "Mix13" of Stafford 2011). key = mix(seed);

@@ -1,5 +1,5 @@
 // CPU kernels of exact L1-distance attention (EcoTransformer, Gao & Xu 2025, eq. 1).
-// Built and bound by kernels/cpu/l1.py (plain C ABI through ctypes); the math is in attention/l1_cpu.py.
+// Built and bound by kernels/cpu/l1/ops.py (plain C ABI through ctypes), which also holds the autograd nodes.
 // Tensors are flattened over (batch, heads) to P problems; rows are contiguous, q and dq may be row ranges
 // of a longer sequence (qs = elements between problems), everything else is contiguous:
 //   distance:  out[p, i, j] = scale * sum_e |q[p, i, e] - kt[p, e, j]|     q (P, a, d), kt (P, d, b), out (P, a, b)

@@ -1,4 +1,4 @@
-// CPU kernels of landmark attention, float32, built and bound by kernels/cpu/landmarks.py (plain C ABI
+// CPU kernels of landmark attention, float32, built and bound by kernels/cpu/landmarks/ops.py (plain C ABI
 // through ctypes; the math is in its docstring; selecting the landmarks: selection.cpp):
 // * landmarks_few_keys_attend / landmarks_few_queries_attend: the forward of softmax attention when the keys
 //   (C W of CUR and Nyström) or the queries (R V, Nyström's k3 V) are at most 128 (Proxyformer keeps SDPA: its

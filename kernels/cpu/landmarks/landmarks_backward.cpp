@@ -1,5 +1,5 @@
 // Backward of the landmark attention kernels of landmarks.cpp, float32, built and bound by
-// kernels/cpu/landmarks.py (plain C ABI through ctypes). Per problem p (a (batch, head) pair), with the
+// kernels/cpu/landmarks/ops.py (plain C ABI through ctypes). Per problem p (a (batch, head) pair), with the
 // forward's weights P_ij = exp(s_ij - lse_i), s_ij = scale * q_i . k_j + bias_j, and dY the gradient of Y:
 //   D_i = dY_i . Y_i,   dS_ij = scale * P_ij (dY_i . v_j - D_i)
 //   dQ_i = sum_j dS_ij k_j,   dK_j = sum_i dS_ij q_i,   dV_j = sum_i P_ij dY_i

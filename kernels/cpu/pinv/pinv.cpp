@@ -2,8 +2,8 @@
 // float32, built and bound by kernels/cpu/pinv/ops.py (plain C ABI through ctypes). Per problem (one m x m matrix A
 // and its start Z_0), n_iter steps
 //   AZ = A Z,   W = 7I - AZ,   inner = 15I - AZ W,   S = 13/4 I - 1/4 AZ inner,   Z <- Z S,
-// and their backward from G = dL/dZ_last: the chain rule of pinv.py's _Iterations, written for the transposes so
-// that both operands of every product are read row by row (no transposed operand):
+// and their backward from G = dL/dZ_last: the chain rule of kernels/pinv/ops.py's Iterations, written for the
+// transposes so that both operands of every product are read row by row (no transposed operand):
 //   dS^T = G^T Z,   dZ^T = S G^T,   dinner^T = -1/4 dS^T AZ,
 //   dAZ^T = -1/4 inner dS^T - W dinner^T + dinner^T AZ,   dA^T += Z dAZ^T,   dZ^T += dAZ^T A.
 // m = W, 2W, 4W, ... up to kMaxKeys (m x m matrices in cache): R rows of a product stay in registers

@@ -1,5 +1,5 @@
 // CPU kernels of CUR's landmark selection (attention/selection.py), float32, built and bound by
-// kernels/cpu/selection.py (plain C ABI through ctypes):
+// kernels/cpu/selection/ops.py (plain C ABI through ctypes):
 // * landmarks_abs_row_sums: sum_e |x_ie| per row (CUR's `abs` selection priorities) in one pass, no |X| tensor;
 // * landmarks_top_indices: per row of priorities, the m highest among real tokens, ascending, ties to the lowest
 //   index (selection._top's rule: NaN ranks as +inf, padding as -inf, force_cls puts index 0 first), by a

@@ -1,6 +1,6 @@
 // CPU kernels of Nyström's sequence operations (attention/nystrom.py; docs/design.md §2): the depthwise conv
 // (SequenceConv) and the sums of the landmark segments (segment_means).
-// Built and bound by kernels/cpu/seqconv.py (plain C ABI through ctypes). Per problem p = (b, h) of P = B*H, rows of d
+// Built and bound by kernels/cpu/seqconv/ops.py (plain C ABI through ctypes). Per problem p = (b, h) of P = B*H, rows of d
 // contiguous values, odd kernel size K, half = K / 2, zero outside [0, n):
 //   conv:        y[p, i] = base[p, i] + out_mask[b, i] * sum_t w[h, t] * in_mask[b, i + t - half] * x[p, i + t - half]
 //   weight_grad: gw[p, t] = sum_i in_mask[b, i + t - half] * (g[p, i] . x[p, i + t - half])
