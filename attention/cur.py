@@ -46,9 +46,10 @@ from torch import nn
 from attention import landmark_stages, paths
 from attention.config_checks import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
-from kernels.common.precision import autocast_off
 from attention.scores import SoftmaxScore
-from attention.selection import check_selection, gather_rows, select_indices
+from attention.selection import check_selection, select_indices
+from kernels.common.precision import autocast_off
+from kernels.common.rows import gather_rows
 from kernels.cpu.cur import ops as cur_cpu
 
 ScoreFn = Callable[..., torch.Tensor]

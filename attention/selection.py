@@ -64,11 +64,6 @@ RULES: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``index`` ``(B, H, m)`` of ``x`` ``(B, H, n, e)`` -> ``(B, H, m, e)`` (the selected rows of Q, K or C)."""
-    return x.gather(2, index[..., None].expand(*index.shape, x.shape[-1]))
-
-
 def check_selection(rule: str, embed_column: int, head_dim: int | None = None) -> None:
     """Config-time checks of ``attention.selection`` and ``attention.embed_column``."""
     if rule not in RULES:

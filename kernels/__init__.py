@@ -4,8 +4,9 @@
   dropout), one build module and one SIMD header (kernels/cpu/README.md).
 * :mod:`kernels.common`: what both families launch with — :mod:`kernels.common.launch` (shared memory
   per GPU architecture and its estimate, pointer types, the interpreter switch, the shared ``tl.dot``,
-  the launch itself) and :mod:`kernels.common.aot` (ahead-of-time compilation for sm_80 / sm_90
-  without a GPU).
+  the launch itself), :mod:`kernels.common.aot` (ahead-of-time compilation for sm_80 / sm_90
+  without a GPU), and what the methods share with the ops: :mod:`kernels.common.precision` (autocast off),
+  :mod:`kernels.common.rows` (gathering the selected rows).
 * :mod:`kernels.flashcur`, :mod:`kernels.flashl1`, :mod:`kernels.landmarks`, :mod:`kernels.pinv`: one folder per
   Triton method (FlashCUR, docs/design.md §2 "FlashCUR"; FlashL1, exact L1-distance attention (EcoTransformer);
   Nyströmformer's landmarks; the iterative pseudo-inverse, docs/design.md §2 "Pseudo-inverse"), each laid out

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
 from kernels.common.precision import autocast_off
+from kernels.common.rows import gather_rows
 from kernels.flashcur import run
 
 Tensor = torch.Tensor
@@ -147,8 +148,7 @@ def _out_grad(ctx, d_y, d_lse):
     dq, dk_sel, dw = out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
     d_rv = None
     if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
-        rows = d_y.gather(2, index_q[..., None].expand(*index_q.shape, d_y.shape[-1]))
-        d_rv = rows.float()  # m rows: no n-sized float32 copy of dY
+        d_rv = gather_rows(d_y, index_q).float()  # m rows: no n-sized float32 copy of dY
         if ctx.m_padded > index_q.shape[2]:
             d_rv = F.pad(d_rv, (0, 0, 0, ctx.m_padded - index_q.shape[2]))
     return dq.to(q.dtype), dk_sel.to(k_sel.dtype), None, dw, d_rv, None, None, None

@@ -25,13 +25,8 @@ from typing import Callable
 
 import torch
 
+from kernels.common.rows import gather_rows
 from kernels.cpu.landmarks import ops as landmarks
-
-
-def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``index`` ``(B, H, m)`` of ``x`` ``(B, H, n, e)`` -> ``(B, H, m, e)`` (the method's
-    :func:`attention.selection.gather_rows`)."""
-    return x.gather(2, index[..., None].expand(*index.shape, x.shape[-1]))
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int) -> bool:
