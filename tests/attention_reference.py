@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.cpu.l1 import naive as l1_naive
 from tests.conftest import compose_config
 
 
@@ -15,10 +16,9 @@ def dense_softmax_weights(q, k, key_mask):
 
 
 def dense_l1_weights(q, k, key_mask, lam=1.0):
-    """``softmax(−λ‖q_i − k_j‖₁/√d)`` with pad keys at -inf, via the full ``(B, H, n, n, d)`` difference."""
-    distance = (q[:, :, :, None, :] - k[:, :, None, :, :]).abs().sum(-1)
-    logits = -lam * distance / q.shape[-1] ** 0.5
-    return torch.softmax(logits.masked_fill(~key_mask[:, None, None, :], float("-inf")), dim=-1)
+    """``softmax(−λ‖q_i − k_j‖₁/√d)`` with pad keys at -inf, via the full ``(B, H, n, n, d)`` difference (the L1
+    kernels' plain reference, :func:`kernels.cpu.l1.naive.weights`)."""
+    return l1_naive.weights(q, k, key_mask, lam)
 
 
 def random_qkv(batch=2, heads=2, n=24, d=8, dtype=torch.float64, seed=0):

@@ -1,4 +1,4 @@
-"""L1-distance attention (EcoTransformer eq. 1) against a dense (B, H, n, n, d) computation in the test.
+"""L1-distance attention (EcoTransformer eq. 1) against the dense (B, H, n, n, d) reference of kernels/cpu/l1/naive.py.
 
 The CPU path (compiled kernels of ``kernels/cpu/l1/l1.cpp``, flash-style chunks) and the PyTorch path of
 other devices (``kernels.cpu.l1.ops.CPU_KERNEL = False`` runs it on CPU) are both checked.
@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attention.l1 import L1Attention
 from attention.scores import L1Score
+from kernels.cpu.l1 import naive as l1_naive
 from kernels.cpu.l1 import ops as l1_kernels
 from kernels.cpu.l1.ops import L1AttentionFunction
 from lra.module import build_attention
@@ -38,16 +39,12 @@ def grads(fn, *inputs):
     return (out.detach(), *torch.autograd.grad((out * weight).sum(), inputs))
 
 
-def dense_attention(q, k, v, mask, lam=1.0):
-    return dense_l1_weights(q, k, mask, lam) @ v
-
-
 @pytest.mark.parametrize("lam", [1.0, 3.0])
 def test_matches_dense_reference_with_padding(lam, path):
     q, k, v = random_qkv(n=30, d=8)
     mask = padded_mask(2, 30, [30, 17])
     y = L1Attention(2, 8, lam=lam)(q, k, v, mask)
-    assert max_real_error(y, dense_attention(q, k, v, mask, lam), mask) < 1e-12
+    assert max_real_error(y, l1_naive.attention(q, k, v, mask, lam), mask) < 1e-12
 
 
 @pytest.mark.parametrize("n, d, budget", [(37, 5, 2 * 2 * 37 * 3), (45, 32, 2 * 2 * 45 * 16), (19, 17, 1 << 21)])
@@ -57,7 +54,7 @@ def test_cpu_kernel_forward_and_gradients_match_dense(monkeypatch, n, d, budget)
     q, k, v = random_qkv(n=n, d=d, seed=3)
     mask = padded_mask(2, n, [n, n // 2])
     fast = grads(lambda q, k, v: L1Attention(2, d, lam=2.0)(q, k, v, mask), q, k, v)
-    dense = grads(lambda q, k, v: dense_attention(q, k, v, mask, 2.0), q, k, v)
+    dense = grads(lambda q, k, v: l1_naive.attention(q, k, v, mask, 2.0), q, k, v)
     real = mask[:, None, :, None]
     assert (fast[0] - dense[0]).abs().masked_fill(~real, 0).max() < 1e-12
     for name, a, b in zip("qkv", fast[1:], dense[1:]):
@@ -72,7 +69,7 @@ def test_sign_of_zero_difference_is_zero():
     v = torch.randn(2, 2, 20, 16, generator=generator, dtype=torch.float64)
     mask = torch.ones(2, 20, dtype=torch.bool)
     fast = grads(lambda q, k, v: L1Attention(2, 16)(q, k, v, mask), q, k, v)
-    dense = grads(lambda q, k, v: dense_attention(q, k, v, mask), q, k, v)
+    dense = grads(lambda q, k, v: l1_naive.attention(q, k, v, mask), q, k, v)
     for a, b in zip(fast, dense):
         assert torch.allclose(a, b, atol=1e-12)
 
