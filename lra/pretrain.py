@@ -33,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lra.runtime.callbacks import LastCheckpoint
 from lra.module import build_datamodule, optimizers_per_step
+from lra.runtime.callbacks import LastCheckpoint
+from lra.runtime.config_checks import is_int
 from lra.runtime.run_dir import resume_checkpoint
 from lra.runtime.stage_clock import StageClock
 from lra.runtime.trainer import build_trainer
@@ -44,10 +45,6 @@ ENCODER_CHECKPOINT = "encoder.ckpt"  # <run dir>/pretrain/encoder.ckpt: written 
 # last.ckpt); the pretraining stage keeps the others (progress bar, non-finite loss, memory gate, test faults).
 SUPERVISED_ONLY = ("checkpoint", "validate_last_step", "last_checkpoint")
 IGNORE = -100  # cross-entropy's ignore_index: the targets of unmasked and padding positions
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate(cfg) -> None:

@@ -12,6 +12,8 @@ from lra.config_keys import PROBABILITY_NODES, check_probabilities
 
 
 def is_int(value) -> bool:
+    """Whether a config value is an integer (``True`` is an ``int`` to Python, not to a config; used by
+    :func:`validate` and :func:`lra.pretrain.validate`)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
