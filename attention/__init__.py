@@ -2,7 +2,7 @@
 
 Every variant is a module built as ``factory(num_heads=..., head_dim=...)``, where ``factory`` is its
 config node (``configs/attention/<name>.yaml``, ``_partial_: true``) instantiated once by the runtime
-(:func:`lra.module.attention_factory`), and called as ``attn(q, k, v, key_mask) -> out`` with
+(:func:`lra.build.attention_factory`), and called as ``attn(q, k, v, key_mask) -> out`` with
 
 * ``q, k, v``: ``(batch, heads, n, head_dim)``
 * ``key_mask``: bool ``(batch, n)``, True for real tokens

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.config import CONFIG_DIR
 from lra.runtime.config_groups import check_command_line, chosen_values
-from lra.module import build_module
+from lra.build import build_module
 from lra.runtime.results import job_overrides, test_accuracies, write_results, write_test_predictions
 from lra.runtime.run_end import failure
 from lra.runtime.trainer import build_trainer

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lra.module import build_datamodule, optimizers_per_step
+from lra.build import build_datamodule
+from lra.module import optimizers_per_step
 from lra.runtime.callbacks import LastCheckpoint
 from lra.runtime.config_checks import is_int
 from lra.runtime.run_dir import resume_checkpoint
@@ -158,13 +159,13 @@ class PretrainCheckpoint(LastCheckpoint):
 
 
 def build_pretrain_module(cfg) -> PretrainModule:
-    """:class:`PretrainModule` for ``cfg``: the run's classifier (``lra.module.build_model``), AdamW with
+    """:class:`PretrainModule` for ``cfg``: the run's classifier (``lra.build.build_model``), AdamW with
     ``pretrain.lr`` and ``pretrain.scheduler`` (OneCycle over ``pretrain.steps``)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from lra.runtime.checkpoints import CHECKPOINT_SETTINGS
-    from lra.module import build_model
+    from lra.build import build_model
 
     node = cfg.pretrain
     scheduler = instantiate(node.scheduler) if node.get("scheduler") else None

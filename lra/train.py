@@ -36,7 +36,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from lra.config import CONFIG_DIR
-from lra.module import build_datamodule, build_module
+from lra.build import build_datamodule, build_module
 from lra.pretrain import pretrain_stage
 from lra.pretrain import validate as validate_pretrain
 from lra.runtime.allocator import retain_freed_memory

@@ -21,7 +21,7 @@ class MultiHeadAttention(nn.Module):
 
     The projection names and shapes are the same for every variant, so a checkpoint trained with
     one variant loads into another (direct weight transfer). ``attention(num_heads=, head_dim=)`` builds
-    the variant (a factory: ``lra.module.attention_factory`` of the attention config).
+    the variant (a factory: ``lra.build.attention_factory`` of the attention config).
 
     ``q, k, v`` come from one GEMM (:meth:`project`): ``x`` ``(B, n, d_model)`` times the three weights
     concatenated, ``(3·d_model, d_model)`` (a copy of 3·d_model² values per call beside B·n·3·d_model²

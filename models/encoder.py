@@ -21,7 +21,7 @@ class Encoder(nn.Module):
     """Token embedding + positions, ``num_layers`` blocks, final LayerNorm, pooling, head.
 
     ``block``, ``head`` and ``attention`` are factories (Hydra ``_partial_`` configs, built by
-    ``lra.module.build_model``); ``attention(num_heads=, head_dim=)`` builds one attention module and is
+    ``lra.build.build_model``); ``attention(num_heads=, head_dim=)`` builds one attention module and is
     handed to every block. ``forward`` returns ``(logits, aux_losses)``.
     ``embedding_init_std``: token and position embeddings start N(0, std²) (the reference LRA code's
     0.02); ``None`` keeps PyTorch's N(0, 1). ``positions(max_length=, d_model=)`` builds the position

@@ -31,7 +31,7 @@ runs inside each chunk (positions restart at 0 in each chunk), cost O(n c); the 
 the whole sequence. With c ≥ n it equals unchunked attention. ``chunk_size: null`` = one chunk.
 
 ``attention`` is the attention factory (``attention(num_heads=1, head_dim=z_dim)``, see
-``lra.module.attention_factory``). ``attention_function`` (``softmax`` | ``laplace`` | null) is handed to
+``lra.build.attention_factory``). ``attention_function`` (``softmax`` | ``laplace`` | null) is handed to
 it as ``function=`` (null keeps the attention config's): MEGA's ``--attention-activation-fn`` is a
 per-task model setting (``configs/mega_protocol/<task>.yaml``).
 

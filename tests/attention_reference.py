@@ -52,7 +52,7 @@ def assert_padding_invariant(attn, n=20, extra=9, d=8, seed=0):
 
 def bf16_training_step(attention_overrides: list[str]) -> None:
     """One forward/backward of the configured encoder under bf16 autocast: loss and grads finite."""
-    from lra.module import build_model
+    from lra.build import build_model
 
     cfg = compose_config(["task=listops_small", "task.max_length=48", *attention_overrides])
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import torch
 from hydra.utils import instantiate
 
 from lra import REPO_ROOT
-from lra.module import build_module
+from lra.build import build_module
 from tests.conftest import compose_config
 
 CONFIGS = REPO_ROOT / "configs"

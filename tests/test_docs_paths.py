@@ -87,7 +87,7 @@ def test_dated_records_are_not_scanned():
     assert not [doc for doc in DOCS if doc.parent != REPO_ROOT and doc.parent.name != "docs"]
 
 
-@pytest.mark.parametrize("name, exists", [("lra.module.build_attention", True), ("attention.build_attention", False),
+@pytest.mark.parametrize("name, exists", [("lra.build.build_attention", True), ("attention.build_attention", False),
                                           ("lra.bench.plan", True), ("kernels.common.launch.recording", True)])
 def test_resolution_tells_real_names_from_stale_ones(name, exists):
     assert resolves(name) is exists

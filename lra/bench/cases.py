@@ -3,12 +3,12 @@
 Two levels, chosen per variant without naming any:
 
 * ``core`` — a drop-in variant (its config leaves ``cfg.model`` as the softmax baseline composes
-  it): the attention module of ``lra.module.build_attention`` called as ``attn(q, k, v, key_mask)``
+  it): the attention module of ``lra.build.build_attention`` called as ``attn(q, k, v, key_mask)``
   on ``(B, H, n, head_dim)`` tensors of the run's dtype (``--dtype bf16``: bf16 ``q, k, v``, as the bf16 model's
   projections under autocast hand them to attention; fp32: float32). This isolates the attention computation, as
   the CUR paper's Fig. 4 benchmark does.
 * ``layer`` — a variant that swaps the model (Proxyformer's ``[P; X]`` prefix and injection, MEGA's
-  EMA + gated block): the real model of ``lra.module.build_model`` with one layer, called as
+  EMA + gated block): the real model of ``lra.build.build_model`` with one layer, called as
   ``model.encode(ids, mask, aux_losses)`` (embedding -> block -> mean pooling), so the block gets
   its inputs exactly as in training. Its ratios are taken against softmax at the same level.
 
@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
-from lra.module import build_attention
+from lra.build import build_attention
 from lra.bench.common import BASELINE, Variant
 from lra.config import compose_config
-from lra.module import build_model
+from lra.build import build_model
 
 FLASH = "sdpa_flash"
 

@@ -1,6 +1,6 @@
 """``python -m lra.bench compile_breaks``: what ``torch.compile`` makes of each variant's network.
 
-For every variant of ``configs/attention/`` the real model (:func:`lra.module.build_model`, train mode, as
+For every variant of ``configs/attention/`` the real model (:func:`lra.build.build_model`, train mode, as
 ``model.compile=true`` compiles it) is traced by ``torch._dynamo.explain`` on a small batch (``--batch``
 sequences of ``--n`` random tokens, the second half of the last one padded): the number of graphs, graph
 breaks and traced ops, and each break's reason with the line of this repository's code it happened at
@@ -25,7 +25,7 @@ import torch
 from lra import REPO_ROOT
 from lra.bench import common
 from lra.config import compose_config
-from lra.module import build_model
+from lra.build import build_model
 
 COLUMNS = ["task", "variant", "n", "batch", "device", "dtype", "status", "reason", "graphs", "graph_breaks", "ops",
            "breaks", *common.MACHINE_COLUMNS]

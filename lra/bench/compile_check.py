@@ -1,6 +1,6 @@
 """Compiled against eager: a variant's real network trained a step both ways, from the same weights and batches.
 
-:func:`compare` builds the model of a composed config (:func:`lra.module.build_model`) with every dropout
+:func:`compare` builds the model of a composed config (:func:`lra.build.build_model`) with every dropout
 set to 0 (:func:`without_dropout`: compiled code draws its own random numbers, so with dropout on the two
 would differ by design), runs a training step (forward, cross-entropy + auxiliary losses as
 ``lra.module.LRAModule`` sums them, backward) eagerly on batches of two lengths, compiles the same module in
@@ -25,7 +25,8 @@ from torch._dynamo.utils import counters
 from omegaconf import DictConfig, open_dict
 
 from lra.bench import common
-from lra.module import build_model, compile_in_place
+from lra.build import build_model
+from lra.module import compile_in_place
 
 TOLERANCE = 1e-5  # fp32, relative to each tensor's largest entry (issue #23)
 

@@ -19,7 +19,7 @@ import torch
 
 from lra.bench.common import default_out_dir, machine, machine_line, select_variants, setup_process, write_csv
 from lra.config import compose_config
-from lra.module import build_model
+from lra.build import build_model
 
 LENGTH = 96  # above the landmark count (64) so the CUR/Nyström selections choose, not take every row
 BATCH = 3

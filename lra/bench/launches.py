@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lra.bench import common
 from lra.config import compose_config
-from lra.module import build_model
+from lra.build import build_model
 
 aten = torch.ops.aten
 COLUMNS = ["variant", "n", "batch", "heads", "head_dim", "landmarks", "dtype", "status", "reason", "forward", "backward",

@@ -3,7 +3,7 @@
 ``SPEC`` holds ``overrides`` (Hydra, selecting task, length and attention), ``n``, ``batch``,
 ``steps``, ``warmup``, ``device``, ``dtype``, ``threads`` and ``result`` (where the JSON result goes). The
 process sets up as ``lra.train`` does (on CUDA: TF32 float32 products, :func:`lra.runtime.gpu_setup.fast_float32_matmuls`),
-builds the real model (``lra.module.build_model``) and AdamW (``cfg.optimizer``, fused on CUDA as training builds
+builds the real model (``lra.build.build_model``) and AdamW (``cfg.optimizer``, fused on CUDA as training builds
 it: :func:`lra.module.optimizers_per_step`), then:
 
 1. the FLOPs of one training step (forward and backward, eager: :func:`lra.bench.common.count_flops`);
@@ -40,7 +40,8 @@ from torch import nn
 from lra.bench import common
 from lra.config import compose_config
 from lra.runtime.gpu_setup import fast_float32_matmuls
-from lra.module import build_model, compile_in_place, compile_setting, optimizers_per_step
+from lra.build import build_model, compile_setting
+from lra.module import compile_in_place, optimizers_per_step
 
 
 def proc_status(key: str) -> int | None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lra.analysis.diagnostics import depth_probe
-from lra.module import build_model
+from lra.build import build_model
 from lra.tasks.listops import tokenize
 from tests.conftest import compose_config
 

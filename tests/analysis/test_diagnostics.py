@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lra.analysis.diagnostics import root_attention as probe
-from lra.module import build_model
+from lra.build import build_model
 from lra.tasks.listops import read_tsv
 from tests.conftest import compose_config
 

@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 
 from attention.linear import DeltaRuleAttention
 from lra import REPO_ROOT
-from lra.module import attention_factory, build_attention, build_model
+from lra.build import attention_factory, build_attention, build_model
 from tests.attention_reference import assert_padding_invariant, dense_softmax_weights, padded_mask, random_qkv
 from tests.tolerances import tolerance
 from tests.conftest import compose_config

@@ -6,7 +6,7 @@ import torch
 from attention.cur import CURAttention, cur_attention
 from attention.scores import L1Score, SoftmaxScore
 from attention.selection import select_indices
-from lra.module import build_attention
+from lra.build import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
     bf16_training_step,

@@ -13,7 +13,7 @@ from attention.scores import L1Score
 from kernels.cpu.l1 import naive as l1_naive
 from kernels.cpu.l1 import ops as l1_kernels
 from kernels.cpu.l1.ops import L1AttentionFunction
-from lra.module import build_attention
+from lra.build import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
     bf16_training_step,

@@ -17,7 +17,7 @@ from tests.conftest import compose_config, run_cli
 from tests.tolerances import tolerance
 from lra.runtime.callbacks import MemoryGateSchedule
 from lra.runtime.checkpoints import load_transferred_weights
-from lra.module import build_model, build_module
+from lra.build import build_model, build_module
 
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1"}  # the test machine's 2 cores are shared; avoid oversubscription
 

@@ -12,7 +12,7 @@ import torch
 
 from attention.mega import CUR, Exact, Laplace, MegaAttention, Softmax
 from lra.runtime.checkpoints import load_transferred_weights
-from lra.module import build_model
+from lra.build import build_model
 from models.mega import MegaBlock
 from tests.conftest import compose_config, run_cli
 

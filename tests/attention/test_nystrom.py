@@ -10,7 +10,7 @@ from attention.landmark_means import fused_segment_means
 from kernels.cpu import build
 from kernels.cpu.seqconv import ops as seqconv
 from attention.nystrom import NystromAttention, SequenceConv, segment_means
-from lra.module import build_attention
+from lra.build import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,
     bf16_training_step,

@@ -11,7 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from attention.proxyformer import DecomposedDropout, ProxyAttention, landmark_contrastive_loss
-from lra.module import build_model
+from lra.build import build_model
 from lra.train import train
 from models.encoder import Encoder
 from models.proxyformer import ProxyEncoder

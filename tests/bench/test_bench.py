@@ -272,7 +272,7 @@ def test_bench_train_probes_the_head_on_the_model_device(task, expected):
     variant of `lra.bench train --device cuda`); the meta device stands in for CUDA here."""
     from lra.bench.train_worker import documents_shape
     from lra.config import compose_config
-    from lra.module import build_model
+    from lra.build import build_model
 
     model = build_model(compose_config([f"task={task}", "attention=softmax"])).to("meta")
     assert documents_shape(model) == expected

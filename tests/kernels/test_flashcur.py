@@ -25,7 +25,7 @@ from kernels.flashcur import run as kernel_run
 from kernels.flashcur import ops
 from kernels.flashcur.launch import block_sizes
 from kernels.landmarks import launch as landmark_launch
-from lra.module import build_attention
+from lra.build import build_attention
 from tests.conftest import compose_config, run_cli
 
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}  # the subprocesses run on CPU tensors, with or without a GPU here

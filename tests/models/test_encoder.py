@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from lra.module import build_attention, build_model
+from lra.build import build_attention, build_model
 from tests.conftest import compose_config
 
 

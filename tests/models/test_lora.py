@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONFIG_DIR, compose_config, run_in_process
 from lra.finetune import apply_lora, merge_lora
-from lra.module import build_model, build_module
+from lra.build import build_model, build_module
 
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1"}
 

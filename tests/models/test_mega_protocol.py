@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from lra import REPO_ROOT
 from lra.analysis.comparability import comparability
-from lra.module import attention_factory, build_model
+from lra.build import attention_factory, build_model
 from models.ema import BidirectionalEMA
 from models.mega import MaskedBatchNorm, MegaBlock, ScaleNorm, sequence_norm
 from tests.conftest import CONFIG_DIR, compose_config

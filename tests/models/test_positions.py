@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lra.module import build_model
+from lra.build import build_model
 from models.positions import Rotation, SinusoidalPositions, frequencies, rotate
 from tests.conftest import compose_config
 

@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from lra.module import build_model, build_module
+from lra.build import build_model, build_module
 from models.pooling import masked_mean, padded_mean
 from tests.conftest import compose_config
 

@@ -18,7 +18,8 @@ from hydra.errors import InstantiationException
 from lra import REPO_ROOT
 from lra.bench import compile_check, gpu_check
 from lra.bench.__main__ import main as bench
-from lra.module import build_datamodule, build_model, build_module, compile_in_place
+from lra.build import build_datamodule, build_model, build_module
+from lra.module import compile_in_place
 from lra.tasks.base import collate
 from lra.runtime.results import config_differences
 from lra.runtime.run_dir import settings_differences

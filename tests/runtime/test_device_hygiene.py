@@ -1,7 +1,7 @@
 """Device hygiene: every variant trains on PyTorch's ``meta`` device with no host sync and no CPU-made tensor.
 
 A ``meta`` tensor has a shape and a dtype but no values, as a GPU tensor looks from the host. Each
-variant's model, built from its composed config (:func:`lra.module.build_model`), runs forward, the loss
+variant's model, built from its composed config (:func:`lra.build.build_model`), runs forward, the loss
 (cross-entropy + auxiliary losses) and backward on ``meta`` in train mode (dropout on). A dispatch mode
 watches every ATen op of the three: a host sync (``.item()``, ``bool(tensor)``, ``.tolist()``,
 ``nonzero``, anything whose result size depends on values) or a tensor on another device (made on the
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lra.config import CONFIG_DIR
-from lra.module import build_model
+from lra.build import build_model
 from tests.conftest import compose_config
 
 aten = torch.ops.aten

@@ -21,7 +21,7 @@ import torch
 from hydra.utils import instantiate
 
 from lra import REPO_ROOT
-from lra.module import build_module
+from lra.build import build_module
 from lra.train import build_trainer
 from tests.conftest import compose_config
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from lra.runtime.checkpoints import load_transferred_weights, read_checkpoint
 from lra.runtime.interrupts import SIGTERM_EXIT_CODE
-from lra.module import build_model
+from lra.build import build_model
 from lra.pretrain import build_pretrain_module, mask_tokens, validate
 from lra.runtime.run_dir import RECORD, ResumeRefused, check_resume
 from tests.conftest import compose_config, run_cli, run_in_process

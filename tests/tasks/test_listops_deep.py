@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from lra.module import build_module
+from lra.build import build_module
 from tests.conftest import compose_config, run_in_process
 from tests.test_configs import options
 

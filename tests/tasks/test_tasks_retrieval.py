@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from lra.module import attention_factory
+from lra.build import attention_factory
 from lra.tasks.retrieval import RetrievalDataModule
 from models.encoder import Encoder
 from models.heads import PairHead

@@ -22,7 +22,7 @@ import torch
 from lra.config import compose_config
 from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.analysis.diagnostics.root_attention import padded_batch
-from lra.module import build_model
+from lra.build import build_model
 from lra.tasks.listops import tokenize
 from lra.analysis.listops_cue import OPERATORS, first_operator, fit, read_examples
 

@@ -19,7 +19,7 @@ import torch
 
 from lra.config import compose_config
 from lra.analysis.diagnostics.root_attention import padded_batch
-from lra.module import build_model
+from lra.build import build_model
 from lra.tasks.listops import read_tsv
 
 

@@ -26,7 +26,7 @@ import torch
 
 from lra.config import compose_config
 from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
-from lra.module import build_model
+from lra.build import build_model
 from lra.tasks.base import SplitDataset, TokenizedSplit, collate
 from lra.tasks.listops import read_tsv
 from attention.mega import MegaAttention
