@@ -5,7 +5,12 @@ pad tokens (``key_mask`` False) contribute nothing to any output row. Both compu
 (autocast is disabled inside: the running sums and the triangular solve are unstable in fp16/bf16).
 
 * :class:`EluLinearAttention`: TPTT eq. 3 with ``φ = ELU + 1`` summed over *all* real keys
-  (bidirectional), ``O_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j)``. Cost O(n d²).
+  (bidirectional), ``O_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j)``. Cost O(n d²). It is also the
+  ``linear`` row of the LRA tables on its own (``configs/attention/linear.yaml``): the Linear Transformer of
+  Katharopoulos et al. 2020, "Transformers are RNNs", eq. 2 with ``sim(q, k) = φ(q)ᵀφ(k)`` (eq. 4),
+  reordered to eq. 5–6, with eq. 7's ``φ(x) = elu(x) + 1``; no 1/√d scaling (the paper has none). The authors'
+  code (idiap/fast-transformers ``LinearAttention``) adds ε = 1e-6 to the denominator; we floor it at ε
+  instead, which changes nothing while a real key exists (the denominator is a sum of positive terms).
 * :class:`DeltaRuleAttention`: the delta rule (DeltaNet, Yang et al. 2024 — TPTT ref. [18]) in its
   chunkwise UT-transform form, run forward and on the reversed sequence and averaged. TPTT's §3.3 equations
   (5)–(6) write the update without the ``−S k`` correction. Its public chunked scan (``tptt`` 0.12.1) does
