@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.config import CONFIG_DIR
 from lra.runtime.config_groups import check_command_line, chosen_values
+from lra.runtime.unread_keys import explained
 from lra.build import build_module
 from lra.runtime.results import job_overrides, test_accuracies, write_results, write_test_predictions
 from lra.runtime.run_end import failure
@@ -111,7 +112,7 @@ def main() -> None:
     :mod:`lra.runtime.config_groups`; the checkpoint, :func:`check_checkpoint`), then Hydra runs :func:`hydra_main`."""
     check_command_line()
     check_checkpoint()
-    hydra_main()
+    explained(hydra_main)  # a key=value of a key the config lacks: a did-you-mean line after Hydra's
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from lra.runtime.allocator import retain_freed_memory
 from lra.runtime.checkpoints import load_transferred_weights
 from lra.runtime.config_checks import note_exact_landmarks, validate
 from lra.runtime.config_groups import check_command_line
+from lra.runtime.unread_keys import explained
 from lra.runtime.gpu_setup import setup_gpu_run
 from lra.runtime.job import run_job
 from lra.runtime.results import reset_peak_memory, test_accuracies, write_test_predictions
@@ -74,10 +75,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     resume_from, resumed_from_step = resume_checkpoint(run_dir)  # fit, then test
     reset_peak_memory()
-    with recording_progress(trainer, module):  # a failed / interrupted record names the step and its curve so far
+    with recording_progress(trainer, module) as progress:  # a failed / interrupted record names the step and curve
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         train_time, samples = module.clock.seconds(), module.samples_seen  # before testing loads a checkpoint
-        val_curve = list(module.val_curve)  # testing loads the best checkpoint, whose curve ends at its step
+        val_curve = progress.fitted()  # testing loads the best checkpoint, whose curve ends at its step
         per_loader = trainer.test(module, datamodule=datamodule, verbose=cfg.verbose,
                                   ckpt_path=best_checkpoint(trainer))
     write_test_predictions(trainer, module, run_dir)
@@ -108,7 +109,7 @@ def main() -> None:
     """``python -m lra.train`` and ``lra-train``: the command line's config-group choices checked first (an unknown
     one is refused before anything is written: :mod:`lra.runtime.config_groups`), then Hydra runs :func:`hydra_main`."""
     check_command_line()
-    hydra_main()
+    explained(hydra_main)  # a key=value of a key the config lacks: a did-you-mean line after Hydra's
 
 
 if __name__ == "__main__":

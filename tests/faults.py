@@ -9,6 +9,7 @@ with other settings is refused):
 - ``LRA_FAULT_SIGINT_TWICE_AT=<step>``: SIGINT it twice (Ctrl-C pressed again: it stops at once);
 - ``LRA_FAULT_SIGINT_IN_VALIDATION_AT=<step>``: SIGINT it during the validation after that step (after its first
   batch);
+- ``LRA_FAULT_SIGINT_IN_TEST_AT=<batch>``: SIGINT it during the final test, after that test batch;
 - ``LRA_FAULT_ERROR_AT=<step>``: raise ``RuntimeError`` in the middle of the step after that one (its batch
   fetched, not trained: an out-of-memory, a bug);
 - ``LRA_FAULT_ENOSPC_AT=<step>``: from that step on the disk is full: every checkpoint save writes part of the
@@ -75,4 +76,8 @@ class Faults(L.Callback):
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int, *args) -> None:
         if trainer.state.fn == "fit" and batch_idx == 0 and trainer.global_step == fault_step("SIGINT_IN_VALIDATION"):
+            send(signal.SIGINT)
+
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int, *args) -> None:
+        if batch_idx == fault_step("SIGINT_IN_TEST"):
             send(signal.SIGINT)

@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lra.runtime.interrupts import StoppedAtOnce
@@ -160,7 +161,10 @@ class LastCheckpoint(RelocatableCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.fast_dev_run and self._last_global_step_saved != trainer.global_step:
+        """Save the state of the finished fit, even where the last step's validation saved that step: a resume of
+        a run stopped later (during its test) restores the loops' end-of-fit counters (epoch, logged step), which
+        the test's ``metrics.csv`` row reads; a checkpoint of the step's validation holds them one step short."""
+        if not trainer.fast_dev_run:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -172,8 +176,8 @@ class LastCheckpoint(RelocatableCheckpoint):
         checkpoint is restored would otherwise overwrite the run's checkpoints with a fresh model. A save that
         fails (a full disk) is reported and leaves the older checkpoints as they were."""
         graceful = isinstance(exception, SIGTERMException) and not isinstance(exception, StoppedAtOnce)
-        if not graceful or not getattr(self, "training_started", False):
-            return
+        if not graceful or not getattr(self, "training_started", False) or trainer.state.fn != TrainerFn.FITTING:
+            return  # a stop during the final test: fit's last.ckpt is whole; the test has loaded the best weights
         try:
             super().on_exception(trainer, pl_module, exception)
         except OSError as error:

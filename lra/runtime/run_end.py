@@ -25,15 +25,32 @@ from lra.runtime.run_dir import checkpoints
 ERROR_LOG = "error.log"
 
 
+class Progress:
+    """What a run has done so far: its step and validation curve, read from the trainer and module until
+    :meth:`fitted` fixes them (testing loads the best checkpoint, whose curve ends at its own step)."""
+
+    def __init__(self, trainer, module):
+        self.trainer, self.module, self.fit = trainer, module, None
+
+    def fitted(self) -> list:
+        """Fix the step and curve at the end of fit; return the curve."""
+        self.fit = (self.trainer.global_step, list(self.module.val_curve))
+        return self.fit[1]
+
+    def now(self) -> tuple[int, list]:
+        return self.fit if self.fit is not None else (self.trainer.global_step, list(self.module.val_curve))
+
+
 @contextmanager
-def recording_progress(trainer, module) -> Iterator[None]:
+def recording_progress(trainer, module) -> Iterator[Progress]:
     """An exception leaving the block carries the step it stopped at (``error.step``) and the validation curve so
-    far (``error.val_curve``): what the failed or interrupted record (:func:`failure`, :func:`interruption`) names."""
+    far (``error.val_curve``): what the failed or interrupted record (:func:`failure`, :func:`interruption`) names.
+    After fit, :meth:`Progress.fitted` keeps fit's: a stop during the test records all of fit's curve."""
+    progress = Progress(trainer, module)
     try:
-        yield
+        yield progress
     except BaseException as error:
-        error.step = trainer.global_step
-        error.val_curve = list(module.val_curve)
+        error.step, error.val_curve = progress.now()
         raise
 
 

@@ -250,3 +250,25 @@ def test_a_moved_run_dir_resumes_its_own_checkpoints(train_run, tmp_path, how):
     assert again["results"]["best_checkpoint"] == str(after / "checkpoints" / best[0])
     output = resumed.stdout + resumed.stderr
     assert "dirpath has changed" not in output and "exists and is not empty" not in output
+
+
+@pytest.mark.process
+def test_a_stop_during_the_final_test_resumes_to_the_uninterrupted_record(train_run, tmp_path):
+    """Ctrl-C during the final test (which has loaded the best checkpoint): the interrupted record keeps all of fit's
+    validation curve, last.ckpt stays fit's last state (not the best checkpoint's, which the test loaded), and the
+    resumed run's metrics.csv (its test row's epoch and step), results and predictions equal a run never stopped."""
+    run_dir = tmp_path / "stopped_in_test"
+    stopped = train_run(run_dir, "shuffled", env={"LRA_FAULT_SIGINT_IN_TEST_AT": "0"})
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "interrupted" and record["steps"] == 10
+    assert [point[0] for point in record["val_curve"]] == [3, 6, 9, 10]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 10
+    resumed = train_run(run_dir, "shuffled")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole_dir = train_run(None, "shuffled")
+    whole, again = outcome(whole_dir), outcome(run_dir)
+    for key in ("test_acc", "val_acc_best", "val_curve", "steps"):
+        assert again["results"][key] == whole["results"][key], key
+    assert again["metrics"] == whole["metrics"]
+    assert (run_dir / "predictions.json").read_text() == (whole_dir / "predictions.json").read_text()
