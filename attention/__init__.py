@@ -16,7 +16,7 @@ Which file is which (each variant's config: ``configs/attention/<name>.yaml``):
 Variants
     ``softmax``       exact softmax attention (SDPA; ``softmax_materialised`` stores the n×n weights)
     ``cur``           CURformer: selected rows and columns, ``C U⁺ R``
-    ``flashcur``      FlashCURformer: CUR in Triton kernels (:mod:`kernels.flashcur`)
+    ``flashcur``      FlashCURformer: CUR in Triton kernels (:mod:`kernels.cur`)
     ``nystrom``       Nyströmformer: segment-mean landmarks, ``k1 k2⁺ k3``
     ``l1``            exact L1-distance attention (EcoTransformer); ``l1_cur`` is ``cur`` with its score
     ``proxyformer``   Proxyformer's per-head maths (its block: :mod:`models.proxyformer`)
@@ -31,7 +31,7 @@ Shared parts of the maths
     ``window``        sliding-window softmax, LiZA's linear-cost base
     ``paths``         which form a tensor runs: the CPU forms or the fused (CUDA) forms, and shared constants
     ``landmark_stages``  the fused forms' n-sized stages as split-K GEMMs (CUR, Nyström)
-    ``landmark_means``   the fused Nyström's landmarks (the kernel op of :mod:`kernels.landmarks`, or PyTorch)
+    ``landmark_means``   the fused Nyström's landmarks (the kernel op of :mod:`kernels.segment_means`, or PyTorch)
     ``config_checks`` the config-value checks every variant runs at construction
 
 Kernels, their ``torch.library`` ops and autograd wrappers, and their plain PyTorch references (``naive.py``)

@@ -21,7 +21,7 @@ one maximum over the batch as the public Nyströmformer code does).
 Cost O(nmd + m²d + m³) time, O(nm + m²) memory (§4.2): C and R are the largest tensors (O(nd + m²) with a
 fused ``attend``); no ``n × n`` matrix and no one-hot selection matrix is built (rows are taken with ``gather``).
 Training on CPU with the softmax or the L1 score runs the same products as one autograd node
-(:mod:`kernels.cpu.cur.ops`), whose backward writes no ``n × d`` copies.
+(:mod:`kernels.cur.cpu`), whose backward writes no ``n × d`` copies.
 
 On other devices than the CPU (CUDA; ``meta``) the softmax score runs the fused forms (:mod:`attention.paths`,
 :func:`fused_cur_attention`): batched GEMMs over the ``n × m`` weights, split over ``n``, in the inputs' dtype (bf16
@@ -50,7 +50,7 @@ from attention.scores import SoftmaxScore
 from attention.selection import check_selection, select_indices
 from kernels.common.precision import autocast_off
 from kernels.common.rows import gather_rows
-from kernels.cpu.cur import ops as cur_cpu
+from kernels.cur import cpu as cur_cpu
 
 ScoreFn = Callable[..., torch.Tensor]
 

@@ -1,7 +1,7 @@
 """FlashCUR attention (FlashCURformer; François et al., Machine Learning 2025, §5.2, Alg. 2; docs/design.md §2 "FlashCUR").
 
 The CUR approximation of :mod:`attention.cur` (softmax score), computed by the fused Triton kernels
-of :mod:`kernels.flashcur` (forward and backward, as the custom ops of :mod:`kernels.flashcur.ops`)::
+of :mod:`kernels.cur` (forward and backward, as the custom ops of :mod:`kernels.cur.ops`)::
 
     RV = softmax(s·Q_I Kᵀ + pad mask) V     kernel (a), online softmax over key tiles    (m × d)
     U  = softmax(s·Q_I K_Jᵀ)                kernel (b)                                   (m × m)
@@ -23,15 +23,15 @@ Decisions: the kernels implement the softmax score only (CUR's ``score`` option 
 any m ≤ 128 runs. ``W`` and ``RV`` are float32; q/k/v may be float32, float16 or bfloat16
 (float32 accumulation; with bf16 / fp16 every kernel product runs on tensor cores in that dtype); the output and
 the n × d gradients have q's dtype. The kernels whose programs walk all n tokens split n so a GPU gets at least
-two waves of programs (per-split partials merged exactly: :mod:`kernels.flashcur.launch`). Needs CUDA tensors, or the Triton interpreter
-(``TRITON_INTERPRET=1`` set before :mod:`kernels.flashcur` is imported; on CPU, for tests at tiny shapes).
+two waves of programs (per-split partials merged exactly: :mod:`kernels.cur.launch`). Needs CUDA tensors, or the Triton interpreter
+(``TRITON_INTERPRET=1`` set before :mod:`kernels.cur` is imported; on CPU, for tests at tiny shapes).
 Cost as CUR: O(nmd + m²d + m³) time; O(nd + md + m²) memory (no O(nm) term).
 
-Each kernel (pair) is a ``torch.library`` custom op (``lra_flashcur::*``, :mod:`kernels.flashcur.ops`) with a fake
+Each kernel (pair) is a ``torch.library`` custom op (``lra_flashcur::*``, :mod:`kernels.cur.ops`) with a fake
 implementation (shapes and dtypes: the ``meta`` device, ``torch.compile``'s tracing), its autograd formula and its FLOP
-formula (for ``torch.utils.flop_counter``, which cannot see inside the kernels: :data:`kernels.flashcur.ops.PRODUCTS`)
+formula (for ``torch.utils.flop_counter``, which cannot see inside the kernels: :data:`kernels.cur.ops.PRODUCTS`)
 registered on it. Here: the variant (:class:`FlashCURAttention`), the composition of the ops
-(:func:`flashcur_attention`) and the device checks. The plain reference: :mod:`kernels.flashcur.naive`.
+(:func:`flashcur_attention`) and the device checks. The plain reference: :mod:`kernels.cur.naive`.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from attention.cur import CURAttention, _with_rows
 from attention.pinv import iterative_pinv
 from kernels.common.precision import autocast_off
 from kernels.common.launch import device_capability, interpreted
-from kernels.flashcur import launch as kernel_launch
-from kernels.flashcur import ops
+from kernels.cur import launch as kernel_launch
+from kernels.cur import ops
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +58,7 @@ def _slot_numbers(m: int, device: torch.device) -> torch.Tensor:
 
 
 def _padded_size(m: int) -> int:
-    """The smallest kernel size in ``kernels.flashcur.launch.SUPPORTED_M`` that holds ``m`` slots."""
+    """The smallest kernel size in ``kernels.cur.launch.SUPPORTED_M`` that holds ``m`` slots."""
     for size in kernel_launch.SUPPORTED_M:
         if m <= size:
             return size
@@ -74,7 +74,7 @@ def check_device(q: torch.Tensor) -> None:
     if q.is_cuda or q.device.type == "meta" or (q.device.type == "cpu" and interpreted()):
         return
     hint = (
-        "kernels.flashcur was imported without TRITON_INTERPRET=1: set it in the environment before "
+        "kernels.cur was imported without TRITON_INTERPRET=1: set it in the environment before "
         "starting Python"
         if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
         else "run on a CUDA GPU (trainer=gpu), set TRITON_INTERPRET=1 before starting Python to run "

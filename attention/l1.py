@@ -8,10 +8,10 @@ with ``S_ij = −λ‖q_i − k_j‖₁/√d`` and ``dS`` the softmax backward o
     dq_i = (−λ/√d) Σ_j dS_ij sign(q_i − k_j),    dk_j = −(−λ/√d) Σ_i dS_ij sign(q_i − k_j),    dV = Pᵀ dY
 
 Decisions: computed in float32 with autocast disabled (float64 stays float64), output cast back to
-the input dtype. On CPU, :class:`kernels.cpu.l1.ops.L1AttentionFunction`: compiled kernels for the
+the input dtype. On CPU, :class:`kernels.l1.cpu.L1AttentionFunction`: compiled kernels for the
 distance and the sign contraction, flash-style query chunks, memory O(B·H·chunk·n) beyond the
 inputs (never the n×n matrix), attention dropout inside the function. On CUDA, the fused Triton
-kernels of :mod:`kernels.flashl1` (online softmax, nothing n×n stored) whenever attention dropout is
+kernels of :mod:`kernels.l1` (online softmax, nothing n×n stored) whenever attention dropout is
 off (evaluation, or ``attention.dropout=0``); they have no dropout, so training with dropout on CUDA
 takes the PyTorch path of :class:`attention.scores.L1Score` (``cdist`` forward, query-chunked backward, the
 n×n weights materialised), as other devices do, and says so once (:func:`warn_unfused_training`: in eager
@@ -29,8 +29,8 @@ from torch import nn
 
 from attention.config_checks import check_dropout
 from attention.scores import L1Score
-from kernels.cpu.l1.ops import L1AttentionFunction, uses_kernel
-from kernels.flashl1.ops import flash_l1_attention
+from kernels.l1.cpu import L1AttentionFunction, uses_kernel
+from kernels.l1.ops import flash_l1_attention
 
 UNFUSED_TRAINING = ("L1 attention: FlashL1 has no attention dropout, so training on CUDA with attention.dropout > 0 "
                     "materialises the n×n weights; set attention.dropout=0 to train with the fused kernel")

@@ -3,9 +3,9 @@
 The segment means of :func:`attention.nystrom.segment_means` (same segments, same decisions) of ``Q`` and ``K``
 at once, with what the rest of the fused Nyström needs from them: each segment's additive mask as a key (0, or
 :data:`attention.paths.MASKED` for an empty one) and its validity. :func:`landmark_means` picks the form: the
-Triton kernels of :mod:`kernels.landmarks` as the custom operators ``lra_nystrom::*`` of
-:mod:`kernels.landmarks.ops` (one launch forward, one backward; q, k in float32, bf16 or fp16, the means in float32,
-the token gradients in the inputs' dtype) where :func:`kernels.landmarks.ops.takes` the inputs (CUDA tensors, or CPU
+Triton kernels of :mod:`kernels.segment_means` as the custom operators ``lra_nystrom::*`` of
+:mod:`kernels.segment_means.ops` (one launch forward, one backward; q, k in float32, bf16 or fp16, the means in float32,
+the token gradients in the inputs' dtype) where :func:`kernels.segment_means.ops.takes` the inputs (CUDA tensors, or CPU
 ones under the interpreter, ``TRITON_INTERPRET=1``), else the attention-call form :func:`fused_segment_means` (about
 a dozen kernels forward and backward; means in the inputs' dtype: float64, larger tiles, CPU tensors without the
 interpreter).
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import paths
-from kernels.landmarks import ops
+from kernels.segment_means import ops
 
 Tensor = torch.Tensor
 
@@ -44,7 +44,7 @@ def fused_segment_means(x: torch.Tensor, key_mask: torch.Tensor, key_bias: torch
 
 def landmark_means(q: Tensor, k: Tensor, key_mask: Tensor, m: int):
     """``(Q̃, K̃, slot mask (B, H or 1, 1, m), valid (B, H or 1, m))`` of ``q, k`` ``(B, H, n, d)`` in ``m`` segments:
-    the kernels where they run and take the shape (:func:`kernels.landmarks.ops.takes`), else :func:`fused_segment_means` (with ``key_mask``'s additive
+    the kernels where they run and take the shape (:func:`kernels.segment_means.ops.takes`), else :func:`fused_segment_means` (with ``key_mask``'s additive
     mask, made only then)."""
     if ops.takes(q, k, m):
         q_land, k_land, _, slots, valid, _ = ops.segment_means(q, k, key_mask, m, paths.MASKED)

@@ -18,7 +18,7 @@ on ``A``, which takes about 20 iterations, not the default 6. Measured (float64,
 3.1–3.7e-2 at 6 iterations, 1.7–3.0e-3 at 10, ≤ 1.2e-4 at 15, ≤ 2.4e-6 at 20 (1e-14 for most
 seeds); with q, k halved, 1.6–2.5e-2 at 6. The conv (``conv_kernel_size``, 35 in the LRA code;
 null disables it) sees V with pad rows zeroed; :class:`SequenceConv` computes it (the sums of ``F.conv1d``
-with ``groups = heads``) on CPU with the kernels of :mod:`kernels.cpu.seqconv`, elsewhere and under
+with ``groups = heads``) on CPU with the kernels of :mod:`kernels.seqconv`, elsewhere and under
 ``torch.compile`` as banded matrix products over blocks of the sequence, the pad mask and the sum with the
 attention term folded into the copies those products make. ``k3 V`` and ``k1 (pinv(k2) k3 V)``
 go through :meth:`attention.scores.SoftmaxScore.attend` (one fused SDPA call each on CPU: the ``n × m``
@@ -42,7 +42,7 @@ from torch import nn
 
 from attention import landmark_stages, paths
 from attention.landmark_means import landmark_means
-from kernels.cpu.seqconv import ops as seqconv
+from kernels.seqconv import cpu as seqconv
 from attention.config_checks import check_positive_int
 from attention.pinv import check_pinv_init, iterative_pinv
 from kernels.common.precision import autocast_off
@@ -156,7 +156,7 @@ class SequenceConv(nn.Module):
 
     ``y[b, h, i] = Σ_t w[h, t] · x[b, h, i + t − K//2]`` with zero padding (odd ``K``: same length), i.e.
     ``F.conv1d`` over ``(B·d, H, n)`` with ``groups = H`` and ``weight`` ``(H, 1, K)``. On CPU (eager, float32/64)
-    the kernels of :mod:`kernels.cpu.seqconv`; elsewhere products with a banded (Toeplitz)
+    the kernels of :mod:`kernels.seqconv`; elsewhere products with a banded (Toeplitz)
     ``(block × (block + K − 1))`` matrix per head over overlapping windows of ``block`` output rows: O(n·K·d) work
     as large batched GEMMs instead of ``F.conv1d``'s depthwise loop over ``B·d`` channels (timings: docs/bench.md,
     "Numbers kept out of the code"). Checkpoints from the earlier ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``) load.

@@ -1,6 +1,6 @@
 """Which form of the landmark attention a tensor runs: the CPU forms or the fused forms of other devices.
 
-* CPU tensors run the CPU forms: the C++ kernels of :mod:`kernels.cpu` where they apply, else PyTorch code
+* CPU tensors run the CPU forms: the C++ kernels (``kernels/<method>/cpu.cpp``) where they apply, else PyTorch code
   tuned for the CPU (in-place softmax, ``n × m`` products), unchanged by the fused forms.
 * Every other device (CUDA; ``meta``, where ``lra.bench plan`` lists a GPU's kernels and
   ``tests/runtime/test_device_hygiene.py`` looks for host syncs) runs the fused forms: the landmark stages as batched GEMMs

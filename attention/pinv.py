@@ -30,7 +30,7 @@ CUDA with ``m ≤ 64`` run the fused Triton kernels of :mod:`kernels.pinv`, one 
 ``meta``, where its fake implementation gives the shapes); with ``global`` the shared norm is computed in PyTorch
 and passed in. Everything else runs the PyTorch form (:func:`pytorch_pinv`): float64 (gradcheck), ``m > 64``
 (a matrix no longer fits one program's registers: :mod:`kernels.pinv.launch`), and CPU tensors, where the
-C++ kernel of :mod:`kernels.cpu.pinv` takes float32 and eager calls it serves. Both forms compute the same
+C++ kernel of :mod:`kernels.pinv.cpu` takes float32 and eager calls it serves. Both forms compute the same
 iterates and the same gradient (through the norms too), to float32 rounding. The arguments are checked here, once
 (:func:`check_arguments`); the forms and their autograd live in :mod:`kernels.pinv.ops`, the plain reference in
 :mod:`kernels.pinv.naive`.
@@ -78,7 +78,7 @@ def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head"
 
 def pytorch_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head") -> torch.Tensor:
     """:func:`iterative_pinv` in its PyTorch form on any device: ``bmm``/``baddbmm`` per step, one autograd node
-    (:class:`kernels.pinv.ops.Iterations`), the CPU kernel of :mod:`kernels.cpu.pinv` where it takes the operands."""
+    (:class:`kernels.pinv.ops.Iterations`), the CPU kernel of :mod:`kernels.pinv.cpu` where it takes the operands."""
     check_arguments(matrix, n_iter, init)
     return _run(matrix, n_iter, init, fused=False)
 

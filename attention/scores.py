@@ -23,8 +23,8 @@ import math
 import torch
 from torch import nn
 
-from kernels.cpu.l1.ops import L1Distance, uses_kernel
-from kernels.cpu.landmarks import ops as landmarks_cpu
+from kernels.l1.cpu import L1Distance, uses_kernel
+from kernels.landmark_attention import cpu as landmarks_cpu
 from kernels.common.precision import autocast_off
 
 
@@ -123,7 +123,7 @@ class SoftmaxScore(nn.Module):
         logits stay in cache, the weights are never stored, backward recomputes them), whose boolean mask
         gives masked keys exactly 0 and a row without any real key all 0, as :func:`masked_softmax` does;
         with few keys or few queries (≤ 128: CUR's and Nyström's ``C W`` and ``R V``) its forward is a kernel of
-        :mod:`kernels.cpu.landmarks.ops`, which never writes the weights either. Other devices multiply the weights of
+        :mod:`kernels.landmark_attention.cpu`, which never writes the weights either. Other devices multiply the weights of
         :meth:`forward`, as before (SDPA's GPU backends were not checked here on rows without a real key).
         """
         if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):
@@ -132,7 +132,7 @@ class SoftmaxScore(nn.Module):
         return self(q, k, key_mask) @ v
 
     def kernel_form(self, d: int) -> tuple[float, bool]:
-        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks.ops`' kernels for this score at head size ``d``."""
+        """``(scale, l1)`` of :mod:`kernels.landmark_attention.cpu`' kernels for this score at head size ``d``."""
         return d**-0.5, False
 
 
@@ -140,7 +140,7 @@ class L1Score(nn.Module):
     """EcoTransformer (Gao & Xu 2025, eq. 1): ``softmax(−λ ‖q_i − k_j‖₁ / √d + mask)``.
 
     Closer keys get larger weights (mind the sign). The distance runs in float32 with autocast
-    disabled (float64 stays float64) through :class:`kernels.cpu.l1.ops.L1Distance`, with the scale ``−λ/√d`` folded in,
+    disabled (float64 stays float64) through :class:`kernels.l1.cpu.L1Distance`, with the scale ``−λ/√d`` folded in,
     and never materialises a ``(B, H, a, b, d)`` tensor beyond one query chunk. ``lam`` = λ, 1 by
     default (3 is the paper's "robust").
     """
@@ -163,7 +163,7 @@ class L1Score(nn.Module):
         """``self(q, k, key_mask) @ v`` ``(B, H, a, e)`` for ``v`` ``(B, H, b, e)``, in float32 (float64 stays).
 
         On CPU, where the keys or the queries are at most 128 (CUR's ``C W`` and ``R V``), the L1 forms of the
-        landmark kernels (:func:`kernels.cpu.landmarks.ops.attend` with ``l1_scale``): the ``a × b`` weights are never
+        landmark kernels (:func:`kernels.landmark_attention.cpu.attend` with ``l1_scale``): the ``a × b`` weights are never
         stored, backward recomputes them a tile at a time. Elsewhere the weights of :meth:`forward` times ``v``.
         """
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -176,5 +176,5 @@ class L1Score(nn.Module):
             return self(q, k, key_mask) @ v
 
     def kernel_form(self, d: int) -> tuple[float, bool]:
-        """``(scale, l1)`` of :mod:`kernels.cpu.landmarks.ops`' kernels for this score at head size ``d``."""
+        """``(scale, l1)`` of :mod:`kernels.landmark_attention.cpu`' kernels for this score at head size ``d``."""
         return -self.lam / math.sqrt(d), True

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from attention import landmark_stages, paths
-from kernels.cpu.selection import ops as selection_kernels
+from kernels.selection import cpu as selection_kernels
 
 
 def _step_priority(x: torch.Tensor, key_mask: torch.Tensor, m: int, **_) -> torch.Tensor:
@@ -48,7 +48,7 @@ def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, 
 
 
 def _abs_priority(x: torch.Tensor, **_) -> torch.Tensor:
-    """``Σ_d |X[i, d]|``: one pass on CPU (:func:`kernels.cpu.selection.abs_row_sums`, else ``abs`` + ``sum``:
+    """``Σ_d |X[i, d]|``: one pass on CPU (:func:`kernels.selection.abs_row_sums`, else ``abs`` + ``sum``:
     ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"); in the fused
     forms of other devices (:mod:`attention.paths`) ``abs`` in ``x``'s dtype and a float32 sum (no float32 copy of
     ``x``)."""
@@ -79,7 +79,7 @@ def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool
 
     The indices a stable descending sort would rank first, without sorting over ``n``: every priority above
     the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf). On CPU
-    (float32, eager) the same by a kernel (:func:`kernels.cpu.selection.top_indices`).
+    (float32, eager) the same by a kernel (:func:`kernels.selection.top_indices`).
     """
     if paths.fused(priority):
         return _top_by_sorting(priority, key_mask, m, force_cls)

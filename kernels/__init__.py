@@ -1,21 +1,22 @@
-"""The kernels, pure functions over tensors, by device and by method (the methods that call them: ``attention/``).
+"""The kernels, pure functions over tensors, by method and then by device (as flash-linear-attention's
+``fla/ops/<method>/``); the methods that call them and the choice of form: ``attention/`` (kernels/README.md).
 
-* :mod:`kernels.cpu`: every C++ kernel for the CPU (L1, landmarks, selection, pseudo-inverse, sequence conv,
-  dropout), one build module and one SIMD header (kernels/cpu/README.md).
-* :mod:`kernels.common`: what both families launch with — :mod:`kernels.common.launch` (shared memory
-  per GPU architecture and its estimate, pointer types, the interpreter switch, the shared ``tl.dot``,
-  the launch itself), :mod:`kernels.common.aot` (ahead-of-time compilation for sm_80 / sm_90
-  without a GPU), and what the methods share with the ops: :mod:`kernels.common.precision` (autocast off),
-  :mod:`kernels.common.rows` (gathering the selected rows).
-* :mod:`kernels.flashcur`, :mod:`kernels.flashl1`, :mod:`kernels.landmarks`, :mod:`kernels.pinv`: one folder per
-  Triton method (FlashCUR, docs/design.md §2 "FlashCUR"; FlashL1, exact L1-distance attention (EcoTransformer);
-  Nyströmformer's landmarks; the iterative pseudo-inverse, docs/design.md §2 "Pseudo-inverse"), each laid out
-  alike: ``forward`` / ``backward`` (or ``segments``) the ``@triton.jit`` kernels, ``launch`` the launch parameters
-  per architecture, shape and dtype and the functions that allocate and launch, ``ops`` the ``torch.library``
-  custom ops or autograd Functions over them (fake implementations, autograd, FLOP formulas; the pseudo-inverse's
-  also the one choice of its form, :func:`kernels.pinv.ops.backend`), ``naive`` the plain PyTorch reference the
-  tests compare them with. :mod:`attention` calls the ops, never the launches.
+Every ``kernels/<method>/`` holds the method's one plain PyTorch reference ``naive.py`` (what every form is tested
+against; it calls no kernel), its Triton kernels (``forward.py`` / ``backward.py`` the ``@triton.jit`` kernels,
+``launch.py`` the launch parameters and launches, ``ops.py`` the ``torch.library`` custom ops or autograd Functions
+over them) and its C++ kernels for the CPU (``cpu.cpp``, bound with their autograd nodes or custom op by ``cpu.py``):
+
+* :mod:`kernels.cur`: FlashCUR's Triton kernels, and CUR's CPU training node over the landmark attention;
+* :mod:`kernels.l1`: exact L1-distance attention, FlashL1 (Triton) and the CPU distances;
+* :mod:`kernels.pinv`: the iterative pseudo-inverse, Triton, C++ and the PyTorch form;
+* :mod:`kernels.segment_means`: Nyströmformer's landmarks (Triton);
+* :mod:`kernels.landmark_attention`: attention with a few keys or a few queries (C++), what CUR and Nyström share;
+* :mod:`kernels.selection`: CUR's landmark selection (C++);
+* :mod:`kernels.seqconv`: Nyström's depthwise sequence conv and segment sums (C++);
+* :mod:`kernels.dropout`: dropout by a hash of (seed, index) (C++, custom op ``lra::dropout``);
+* :mod:`kernels.common`: what they share: the Triton launch and AOT compilation, the C++ build driver
+  (:mod:`kernels.common.build`) and headers, autocast off, the selected rows.
 
 The Triton kernels run on CUDA tensors, or on CPU with ``TRITON_INTERPRET=1`` set before a kernel module is
-imported.
+imported; the C++ kernels on CPU tensors, built on first use.
 """

@@ -2,7 +2,7 @@
 
 :class:`Dropout` is a drop-in for ``nn.Dropout`` (a subclass: same ``p``, same empty state dict, so
 checkpoints load unchanged). In training mode with ``0 < p < 1`` on a CPU float32, float64 or bfloat16
-tensor it computes, in one pass of the custom op ``lra::dropout`` (:func:`kernels.cpu.dropout.ops.dropout`)::
+tensor it computes, in one pass of the custom op ``lra::dropout`` (:func:`kernels.dropout.cpu.dropout`)::
 
     y_i = x_i · keep_i / (1 − p),   keep_i = [ hash(seed, i) ≥ p · 2³² ],   i = flat index of x (contiguous)
 
@@ -15,13 +15,13 @@ mask of the input's size. Kept values are exactly ``x / (1 − p)`` (``1 − p``
 float32 and bfloat16); dropped ones are ``x · 0`` (NaN stays NaN, as with ``nn.Dropout``).
 
 The kernel is the custom op ``lra::dropout`` (``torch.library.custom_op`` with a fake and an autograd
-formula, beside the kernel in kernels/cpu/dropout/), so ``torch.compile`` keeps one graph and calls the
+formula, beside the kernel in kernels/dropout/), so ``torch.compile`` keeps one graph and calls the
 same kernel: with ``fallback_random`` (``lra.module.compile_in_place`` on CPU) the seeds come from ATen's
 generator in the same order, and a compiled step sees the eager step's masks.
 
-Device dispatch (:func:`kernels.cpu.dropout.ops.takes`), not a fallback: eval mode and ``p = 0`` are the
+Device dispatch (:func:`kernels.dropout.cpu.takes`), not a fallback: eval mode and ``p = 0`` are the
 identity, ``p = 1`` and tensors on other devices (CUDA) or of other dtypes go to ``F.dropout`` exactly as
-``nn.Dropout`` does. Without a C++ compiler (the kernel is built on first use by :mod:`kernels.cpu.build`)
+``nn.Dropout`` does. Without a C++ compiler (the kernel is built on first use by :mod:`kernels.common.build`)
 it warns once and uses ``F.dropout`` on CPU too.
 Measured: docs/bench.md, "Dropout on CPU".
 """
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu.dropout.ops import dropout, takes
+from kernels.dropout.cpu import dropout, takes
 
 SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # torch.randint's range: (almost) every 64-bit seed
 

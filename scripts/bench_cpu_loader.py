@@ -1,6 +1,6 @@
 """The CPU kernels' loader against the library's: first-use build time and per-call overhead of the same L1
-distance kernel (kernels/cpu/l1/l1.cpp) bound by ctypes (kernels.cpu.build) and by torch.utils.cpp_extension with
-torch.library registration. Prints one table; kernels/cpu/README.md records the numbers.
+distance kernel (kernels/l1/cpu.cpp) bound by ctypes (kernels.common.build) and by torch.utils.cpp_extension with
+torch.library registration. Prints one table; kernels/README.md records the numbers.
 
     python scripts/bench_cpu_loader.py [--calls 20000]
 """
@@ -51,11 +51,11 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["LRA_KERNEL_CACHE"] = cache
-        from kernels.cpu import build
-        from kernels.cpu.l1 import ops as l1
+        from kernels.common import build
+        from kernels.l1 import cpu as l1
 
         start = time.perf_counter()
-        build.build(build.source("l1/l1.cpp"))
+        build.build(build.source("l1/cpu.cpp"))
         ctypes_build = time.perf_counter() - start
         l1.library()
 
@@ -63,7 +63,7 @@ def main() -> None:
 
         simd_flags, width = build.simd()
         binding = Path(cache) / "binding.cpp"
-        binding.write_text(BINDING.format(source=build.source("l1/l1.cpp")))
+        binding.write_text(BINDING.format(source=build.source("l1/cpu.cpp")))
         start = time.perf_counter()
         cpp_extension.load(name="lra_loader_bench", sources=[str(binding)], is_python_module=False,
                            extra_cflags=["-O3", *simd_flags, f"-DLRA_VECTOR_BYTES={width}"],
@@ -80,7 +80,7 @@ def main() -> None:
           f"ATen {torch.backends.cpu.get_cpu_capability()}, one thread")
     print("| | first build (s) | per call, (1, 8, 16) x (1, 16, 8) (µs) |")
     print("|---|---|---|")
-    print(f"| ctypes (kernels.cpu.build) | {ctypes_build:.1f} | {ctypes_call * 1e6:.1f} |")
+    print(f"| ctypes (kernels.common.build) | {ctypes_build:.1f} | {ctypes_call * 1e6:.1f} |")
     print(f"| cpp_extension + torch.library | {extension_build:.1f} | {op_call * 1e6:.1f} |")
     print(f"| (ATen torch.cdist, for scale) | - | {aten_call * 1e6:.1f} |")
 

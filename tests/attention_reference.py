@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu.l1 import naive as l1_naive
+from kernels.l1 import naive as l1_naive
 from tests.conftest import compose_config
 
 
@@ -17,7 +17,7 @@ def dense_softmax_weights(q, k, key_mask):
 
 def dense_l1_weights(q, k, key_mask, lam=1.0):
     """``softmax(−λ‖q_i − k_j‖₁/√d)`` with pad keys at -inf, via the full ``(B, H, n, n, d)`` difference (the L1
-    kernels' plain reference, :func:`kernels.cpu.l1.naive.weights`)."""
+    kernels' plain reference, :func:`kernels.l1.naive.weights`)."""
     return l1_naive.weights(q, k, key_mask, lam)
 
 

@@ -6,8 +6,8 @@ A100 (sm_80) or H100 (sm_90) are known before any GPU is touched. :func:`compile
 kernel from its launch parameters (a :class:`kernels.common.launch.LaunchConfig`: constexprs,
 ``num_warps``, ``num_stages``) and argument types (:func:`jit_signature`); the families compile with
 exactly what their wrappers launch with, ``launch_config`` and ``pointer_types`` of
-:mod:`kernels.flashcur.launch` (whose :func:`~kernels.flashcur.launch.compile_kernel` does it per
-shape) and :mod:`kernels.flashl1.launch`. It returns a :class:`Compiled`:
+:mod:`kernels.cur.launch` (whose :func:`~kernels.cur.launch.compile_kernel` does it per
+shape) and :mod:`kernels.l1.launch`. It returns a :class:`Compiled`:
 
     >>> c = compile_jit(fn, 80, config, pointers, floats)
     >>> c.shared, c.stack, c.fits           # bytes of shared memory, bytes spilled, within the sm_80 limit

@@ -1,4 +1,4 @@
-"""What both kernel families (:mod:`kernels.flashcur`, :mod:`kernels.flashl1`) launch with.
+"""What both kernel families (:mod:`kernels.cur`, :mod:`kernels.l1`) launch with.
 
 Each family's ``launch`` module turns a kernel, a shape, a dtype and a GPU architecture into a
 :class:`LaunchConfig` (its own tile tables and rules) with the pieces here:

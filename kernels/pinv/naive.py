@@ -1,6 +1,8 @@
-"""The pseudo-inverse's plain PyTorch reference (Nyströmformer eq. 16), what the fused kernels, the C++ CPU kernel
-and the PyTorch form of :mod:`kernels.pinv.ops` are tested against: matrix by matrix in float64, norms from
-``torch.linalg.matrix_norm``, the polynomial expanded. Independent of the ops it checks."""
+"""The pseudo-inverse's one plain PyTorch reference (Nyströmformer eq. 16), what every form is tested against: the
+fused Triton kernels (:mod:`kernels.pinv.ops`), the C++ CPU kernel (:mod:`kernels.pinv.cpu`) and the PyTorch form.
+:func:`reference_pinv`: matrix by matrix in float64, norms from ``torch.linalg.matrix_norm``, the polynomial expanded;
+:func:`steps`: the steps written as the equation reads, with the matrices each step keeps (what the C++ kernel's
+forward keeps for its backward). Independent of the ops it checks."""
 
 from __future__ import annotations
 
@@ -27,3 +29,18 @@ def reference_pinv(a: torch.Tensor, n_iter: int, init: str = "per_head") -> torc
             z = z @ (13 * eye - 15 * p + 7 * torch.linalg.matrix_power(p, 2) - torch.linalg.matrix_power(p, 3)) / 4
         out.append(z)
     return torch.stack(out).reshape(a.shape)
+
+
+def steps(a: torch.Tensor, z: torch.Tensor, n_iter: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]]:
+    """``n_iter`` steps ``Z ← Z S``, ``S = ¼ (13I − AZ (15I − AZ (7I − AZ)))`` on ``(P, m, m)`` matrices, written as
+    the equation reads -> ``(Z_last, [(Z, AZ, W = 7I − AZ, inner = 15I − AZ W, S) per step])``."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    kept = []
+    for _ in range(n_iter):
+        az = a @ z
+        w = 7 * eye - az
+        inner = 15 * eye - az @ w
+        s = (13 * eye - az @ inner) / 4
+        kept.append((z, az, w, inner, s))
+        z = z @ s
+    return z, kept

@@ -1,6 +1,6 @@
 """The iterative pseudo-inverse's ops: where each form runs (:func:`backend`, the one choice), the fused Triton
 kernels as ``torch.library`` custom ops, and the PyTorch form's autograd (over the C++ CPU kernel of
-:mod:`kernels.cpu.pinv` where it takes the operands). The method, its inits and its checks: :mod:`attention.pinv`;
+:mod:`kernels.pinv.cpu` where it takes the operands). The method, its inits and its checks: :mod:`attention.pinv`;
 the plain reference every form is tested against: :mod:`kernels.pinv.naive`.
 
 :func:`pinv` runs ``a`` ``(..., m, m)`` (float32 or float64, autocast off, arguments checked by the caller) in the
@@ -8,7 +8,7 @@ form :func:`backend` picks:
 
 * ``"triton"``: float32 on CUDA (or ``meta``, the fake implementations) with ``m ≤ 64``: the custom ops below, one
   launch forward, one backward.
-* ``"cpu"``: float32 CPU tensors the C++ kernel takes (:func:`kernels.cpu.pinv.takes`): its steps, and with autograd
+* ``"cpu"``: float32 CPU tensors the C++ kernel takes (:func:`kernels.pinv.cpu.takes`): its steps, and with autograd
   :class:`Iterations` over its forward and backward.
 * ``"pytorch"``: everything else (float64, ``m > 64`` on CUDA, CPU sizes the kernel does not take): :func:`steps`,
   with autograd :class:`Iterations`.
@@ -43,7 +43,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from kernels.common.launch import interpreted, planning
 from kernels.common.precision import autocast_off
-from kernels.cpu import pinv as cpu_pinv
+from kernels.pinv import cpu as cpu_pinv
 from kernels.pinv import launch
 
 Tensor = torch.Tensor
@@ -180,7 +180,7 @@ def _fused(a: Tensor, n_iter: int, norm: Tensor | None) -> Tensor:
 def backend(a: Tensor, fused: bool = True) -> str:
     """The form that runs the pseudo-inverse of ``a`` ``(P, m, m)`` (float32 or float64): ``"triton"`` (float32 on a
     CUDA device, or on ``meta`` so that a trace there sees the CUDA path, with ``m ≤ 64``: one problem per program,
-    held in registers; never with ``fused=False``), ``"cpu"`` (the C++ kernel takes it: :func:`kernels.cpu.pinv.takes`)
+    held in registers; never with ``fused=False``), ``"cpu"`` (the C++ kernel takes it: :func:`kernels.pinv.cpu.takes`)
     or ``"pytorch"``."""
     if fused and a.dtype == torch.float32 and a.device.type in ("cuda", "meta") and launch.takes(a.shape[-1]):
         return "triton"
@@ -252,7 +252,7 @@ class Iterations(torch.autograd.Function):
     autograd adds a scaling, a negation and an accumulation pass per product. Per step, from ``G = ∂L/∂Z'``:
     ``∂S = Zᵀ G``, ``∂Z = G Sᵀ``, ``∂inner = −¼ (AZ)ᵀ ∂S``, ``∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner``,
     then ``∂A += ∂(AZ) Zᵀ`` and ``∂Z += Aᵀ ∂(AZ)``. With ``cpu_kernel`` (:func:`backend`'s ``"cpu"``) forward and
-    backward run the C++ kernel of :mod:`kernels.cpu.pinv` instead."""
+    backward run the C++ kernel of :mod:`kernels.pinv.cpu` instead."""
 
     @staticmethod
     def forward(ctx, a: Tensor, z: Tensor, n_iter: int, cpu_kernel: bool) -> Tensor:

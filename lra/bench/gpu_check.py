@@ -4,7 +4,7 @@ What it runs (``--dry-run`` prints the plan without a GPU):
 
 1. ``kernels`` — FlashCUR vs CUR (:func:`attention.cur.cur_attention`, same indices) forward and
    backward on CUDA in fp32 and bf16 for every supported m (16..128) and head dims 32/64/128, with
-   the launch configuration (:func:`kernels.flashcur.launch.launch_config`) each shape used; fp32 must agree to
+   the launch configuration (:func:`kernels.cur.launch.launch_config`) each shape used; fp32 must agree to
    1e-3 (output) / 1e-2 (gradients) relative, bf16 to 5e-2. Then FlashL1 vs the PyTorch L1 path
    (:mod:`lra.bench.gpu_check_l1`: :meth:`attention.l1.L1Attention.materialised`, L1 weights times ``V``) forward and backward
    in fp32 and bf16 for a few (n, d), n odd and even, padded keys, to the same tolerances.
@@ -140,7 +140,7 @@ def flashcur_checks() -> list[str]:
     from attention.flashcur import flashcur_attention
     from attention.selection import select_indices
     from kernels.common.launch import device_capability
-    from kernels.flashcur import launch
+    from kernels.cur import launch
 
     rows, failed = ["| dtype | m | d | n | out rel. err | grad rel. err | launch (rv_fwd) |", "|---|---|---|---|---|---|---|"], []
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

@@ -1,6 +1,6 @@
 """FlashL1 half of ``python -m lra.bench.gpu_check``'s ``kernels`` step (CUDA only).
 
-FlashL1 (:func:`kernels.flashl1.ops.flash_l1_attention`, what :class:`attention.l1.L1Attention` runs on CUDA
+FlashL1 (:func:`kernels.l1.ops.flash_l1_attention`, what :class:`attention.l1.L1Attention` runs on CUDA
 without attention dropout) against the PyTorch path of the same attention that CUDA takes with dropout
 on (:func:`reference_l1`: :meth:`attention.l1.L1Attention.materialised`, the :class:`attention.scores.L1Score`
 weights, ``cdist`` forward and query-chunked backward, then ``weights @ V``), forward and backward (``q, k, v`` gradients of ``Σ y²``) in fp32 and
@@ -31,8 +31,8 @@ def reference_l1(q, k, v, key_mask, lam: float):
 
 
 def launch_summary(n: int, d: int, like) -> str:
-    """``kernel rows×rows/warps`` of each FlashL1 kernel as :func:`kernels.flashl1.launch.config` launches it."""
-    from kernels.flashl1 import launch
+    """``kernel rows×rows/warps`` of each FlashL1 kernel as :func:`kernels.l1.launch.config` launches it."""
+    from kernels.l1 import launch
 
     parts = []
     for kernel in launch.KERNELS:
@@ -47,7 +47,7 @@ def flashl1_checks() -> list[str]:
     """FlashL1 vs :func:`reference_l1` on CUDA per dtype and shape: one markdown table row each; raises if any is off."""
     import torch
 
-    from kernels.flashl1.ops import flash_l1_attention
+    from kernels.l1.ops import flash_l1_attention
 
     if not torch.cuda.is_available():
         raise RuntimeError("the FlashL1 kernel check needs a CUDA GPU (torch.cuda.is_available() is False)")

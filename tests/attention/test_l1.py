@@ -1,7 +1,7 @@
-"""L1-distance attention (EcoTransformer eq. 1) against the dense (B, H, n, n, d) reference of kernels/cpu/l1/naive.py.
+"""L1-distance attention (EcoTransformer eq. 1) against the dense (B, H, n, n, d) reference of kernels/l1/naive.py.
 
-The CPU path (compiled kernels of ``kernels/cpu/l1/l1.cpp``, flash-style chunks) and the PyTorch path of
-other devices (``kernels.cpu.l1.ops.CPU_KERNEL = False`` runs it on CPU) are both checked.
+The CPU path (compiled kernels of ``kernels/l1/cpu.cpp``, flash-style chunks) and the PyTorch path of
+other devices (``kernels.l1.cpu.CPU_KERNEL = False`` runs it on CPU) are both checked.
 """
 
 import pytest
@@ -10,9 +10,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attention.l1 import L1Attention
 from attention.scores import L1Score
-from kernels.cpu.l1 import naive as l1_naive
-from kernels.cpu.l1 import ops as l1_kernels
-from kernels.cpu.l1.ops import L1AttentionFunction
+from kernels.l1 import naive as l1_naive
+from kernels.l1 import cpu as l1_kernels
+from kernels.l1.cpu import L1AttentionFunction
 from lra.build import build_attention
 from tests.attention_reference import (
     assert_padding_invariant,

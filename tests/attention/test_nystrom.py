@@ -7,8 +7,8 @@ from torch import nn
 
 from attention import paths
 from attention.landmark_means import fused_segment_means
-from kernels.cpu import build
-from kernels.cpu.seqconv import ops as seqconv
+from kernels.common import build
+from kernels.seqconv import cpu as seqconv
 from attention.nystrom import NystromAttention, SequenceConv, segment_means
 from lra.build import build_attention
 from tests.attention_reference import (
@@ -58,9 +58,9 @@ def test_fused_segment_means_equal_the_cpu_forms_values_validity_and_gradients()
 
 
 def test_landmark_kernels_under_the_interpreter():
-    """``tests/kernels/test_landmark_kernels.py`` with ``TRITON_INTERPRET=1`` (the landmark kernels against the CPU forms, and
+    """``tests/kernels/test_segment_means.py`` with ``TRITON_INTERPRET=1`` (the landmark kernels against the CPU forms, and
     the whole fused Nyström with them), in a subprocess: the interpreter is chosen when the kernels are defined."""
-    proc = run_cli(["-m", "pytest", "tests/kernels/test_landmark_kernels.py", "-q", "-k", "not compile", "-p", "no:cacheprovider"],
+    proc = run_cli(["-m", "pytest", "tests/kernels/test_segment_means.py", "-q", "-k", "not compile", "-p", "no:cacheprovider"],
                    env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})  # CPU tensors, with or without a GPU
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
@@ -85,7 +85,7 @@ def test_fused_conv_equals_the_cpu_forms(n, size):
 def test_segment_means_of_either_memory_layout_and_the_kernel_are_the_same(dtype, d, monkeypatch):
     """Rows of d values for contiguous (B, H, n, d) input, rows of H·d for the model's (B, n, H, d) memory (what
     ``MultiHeadAttention`` passes), by the ``scatter_add`` of other devices and by the CPU kernel
-    (``kernels.cpu.seqconv.ops.SegmentSums``): the same sums in the same order, and their gradients, bit for bit."""
+    (``kernels.seqconv.cpu.SegmentSums``): the same sums in the same order, and their gradients, bit for bit."""
     x = torch.randn(2, 3, 37, d, dtype=dtype, generator=torch.Generator().manual_seed(0))
     mask = padded_mask(2, 37, [37, 20])
     mask[0, 5] = False  # a pad inside the sequence
@@ -151,7 +151,7 @@ def test_any_length_and_conv_adds_a_depthwise_term(n):
 def test_sequence_conv_equals_the_former_conv2d_values_and_gradients(n, size, kernel, monkeypatch):
     """Against ``F.conv2d`` with the former ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``, kernel ``(K, 1)``) and
     ``F.conv1d`` with ``groups = H`` over ``(B·d, H, n)``: lengths below, at and across the 32-row blocks, for the
-    CPU kernel of ``kernels/cpu/seqconv/seqconv.cpp`` and for the banded products (other devices, compiled code)."""
+    CPU kernel of ``kernels/seqconv/cpu.cpp`` and for the banded products (other devices, compiled code)."""
     monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(n)
     conv = SequenceConv(3, size).double()
@@ -297,7 +297,7 @@ def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n,
 
 def test_without_a_compiler_the_conv_warns_and_runs_the_banded_products(monkeypatch):
     def no_compiler(*args, **kwargs):
-        raise RuntimeError("the CPU kernels compile on first use (seqconv.cpp), but the C++ compiler 'c++' "
+        raise RuntimeError("the CPU kernels compile on first use (seqconv/cpu.cpp), but the C++ compiler 'c++' "
                            "was not found on PATH")
 
     monkeypatch.setattr(build, "build", no_compiler)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attention import paths
-from kernels.cpu.landmarks import ops as landmarks_cpu
-from kernels.cpu.selection import ops as selection_cpu
+from kernels.landmark_attention import cpu as landmarks_cpu
+from kernels.selection import cpu as selection_cpu
 from attention.selection import _top, select_indices
 from tests.attention_reference import padded_mask
 
@@ -74,7 +74,7 @@ def test_ties_break_by_lowest_index():
 @pytest.mark.parametrize("force_cls", [False, True])
 def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls, kernel, monkeypatch):
     """Integer priorities (many ties), pads, fewer real tokens than m: the m winners of a stable sort, by the CPU
-    kernel (kernels.cpu.selection.top_indices) and by the PyTorch form of other devices."""
+    kernel (kernels.selection.top_indices) and by the PyTorch form of other devices."""
     monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(0)
     q = torch.randint(-2, 3, (3, 2, 50, 1), generator=generator).float()  # 'sum' priority = the value

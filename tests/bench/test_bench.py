@@ -238,8 +238,8 @@ def test_bench_train_two_document_task(tmp_path):
 
 def test_bench_profile_prints_forward_and_backward_operators(capsys):
     """``python -m lra.bench profile``: the variant's forward and backward, each with its time, FLOPs and top
-    operators (the CUR forward's landmark products, kernels.cpu.landmarks's kernels on CPU, and
-    pseudo-inverse matmuls among them; in the backward CUR's one node, kernels.cpu.cur, whose kernels replace
+    operators (the CUR forward's landmark products, kernels.landmark_attention's kernels on CPU, and
+    pseudo-inverse matmuls among them; in the backward CUR's one node, kernels.cur.cpu, whose kernels replace
     SDPA's backward); one thread by default."""
     torch.set_num_threads(2)
     main(["profile", "--variant", "curformer", "--overrides", "num_landmarks=8", "--n", "32", "--batch", "1",

@@ -11,7 +11,7 @@ import torch
 
 from lra.bench import gpu_check, gpu_check_l1
 from tests.conftest import run_cli
-from kernels.flashl1.naive import dense_l1
+from kernels.l1.naive import dense_l1
 
 
 @pytest.mark.process
@@ -30,7 +30,7 @@ def test_kernels_step_covers_flashl1_shapes():
 
 @pytest.mark.parametrize("n, d, lengths, lam", [(17, 16, (17, 9), 1.0), (8, 24, (8, 0), 3.0)])
 def test_reference_l1_is_eq1(n, d, lengths, lam):
-    """The reference the GPU check compares FlashL1 with: eq. 1 (float64 formula of kernels/flashl1/naive.py),
+    """The reference the GPU check compares FlashL1 with: eq. 1 (float64 formula of kernels/l1/naive.py),
     forward and gradients, an all-pad sequence giving 0."""
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, n, d, generator=generator, requires_grad=True) for _ in range(3))

@@ -1,15 +1,15 @@
 """Every FlashCUR kernel compiles ahead of time for sm_80 (A100) and sm_90 (H100) within the GPU's limits.
 
-No GPU needed: :func:`kernels.flashcur.launch.compile_kernel` runs Triton's compiler and the ``ptxas`` of its wheel
-for the target, with the launch parameters of :func:`kernels.flashcur.launch.launch_config` — the function
+No GPU needed: :func:`kernels.cur.launch.compile_kernel` runs Triton's compiler and the ``ptxas`` of its wheel
+for the target, with the launch parameters of :func:`kernels.cur.launch.launch_config` — the function
 the wrappers launch with — and asserts per kernel, architecture, dtype and supported shape:
 
 * it compiles;
 * shared memory per block ≤ the architecture's opt-in maximum (sm_80 167,936 B, sm_90 232,448 B),
   else the launch fails with ``OutOfResources``;
 * no register spills: a stack frame of 0 bytes in the cubin (spilled registers go to slow local
-  memory); :data:`kernels.flashcur.launch.REGISTER_TILES` is the measured table that makes this hold;
-* :func:`kernels.flashcur.launch.shared_memory_estimate` (what the rule decides with) does not under-count
+  memory); :data:`kernels.cur.launch.REGISTER_TILES` is the measured table that makes this hold;
+* :func:`kernels.cur.launch.shared_memory_estimate` (what the rule decides with) does not under-count
   the compiler's figure by more than 1 KiB, so the rule stays safe when a kernel changes.
 
 The default suite compiles the largest shape (m = d = 128, long n) in fp32 (IEEE dots, on the FMA
@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from kernels.common.launch import SHARED_MEMORY_LIMIT
-from kernels.flashcur import launch
+from kernels.cur import launch
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="kernels defined under the interpreter cannot be compiled for a GPU"
@@ -86,7 +86,7 @@ def compile_case(case):
 
 
 def estimate_of(case, config: launch.LaunchConfig) -> int:
-    """:func:`kernels.flashcur.launch.shared_memory_estimate` of ``case`` launched with ``config``."""
+    """:func:`kernels.cur.launch.shared_memory_estimate` of ``case`` launched with ``config``."""
     kernel, _, _, n, m, d = case
     sizes = {**launch.block_sizes(n, m, d), **config.constexprs, "M": m}
     return launch.shared_memory_estimate(kernel, sizes, config.num_stages, 4 if sizes["F32_DOT"] else 2,
@@ -102,7 +102,7 @@ def check_compiled(case) -> None:
     print(f"{where}: shared {compiled.shared:,} B, {compiled.registers} registers, stack {compiled.stack} B")
     assert compiled.shared <= compiled.limit, f"{where}: {compiled.shared:,} B shared memory > sm_{capability} limit {compiled.limit:,}"
     assert compiled.stack == 0, (f"{where}: registers spill ({compiled.stack} B stack frame, {compiled.registers} registers): "
-                                 "shrink this kernel's entry in kernels.flashcur.launch.REGISTER_TILES")
+                                 "shrink this kernel's entry in kernels.cur.launch.REGISTER_TILES")
     estimate = estimate_of(case, compiled.config)
     assert compiled.shared <= estimate + 1024, f"{where}: estimate {estimate:,} B under-counts compiled {compiled.shared:,} B"
 
@@ -141,7 +141,7 @@ def test_rule_keeps_the_estimate_under_the_limit(kernel, capability, dtype_name)
 
 def test_every_kernel_with_an_ieee_float32_dot_has_a_register_rule():
     """A kernel that multiplies by a float32 tensor (W, RV, gradients: a float32 tile in
-    :data:`kernels.flashcur.launch.TILES`) has IEEE fp32 dots on the FMA units for every input dtype, so it
+    :data:`kernels.cur.launch.TILES`) has IEEE fp32 dots on the FMA units for every input dtype, so it
     needs a measured entry for every operand class; the others need one for fp32 inputs only."""
     for kernel in launch.KERNELS:
         has_f32_tensor = any(f32 for group in launch.TILES[kernel].values() for *_, f32 in group)

@@ -1,6 +1,7 @@
-"""kernels/cpu: one build module for every C++ kernel, the cache keyed by source, headers and flags, and the layout
-(attention/ and models/ hold the methods; kernels/cpu/<method>/ every C++ source beside its bindings and autograd
-nodes or custom op, ops.py, and its plain PyTorch reference, naive.py)."""
+"""The C++ kernels: one build module (kernels/common/build.py) for every source, the cache keyed by source, headers
+and flags, and the layout by method, then device: ``kernels/<method>/cpu.cpp`` (and ``cpu_<part>.cpp``) beside
+``cpu.py``, its bindings and autograd nodes or custom op, and the method's one plain PyTorch reference ``naive.py``;
+the shared headers in kernels/common. The lists below are read from the tree: a new method is covered by adding it."""
 
 from __future__ import annotations
 
@@ -9,52 +10,54 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu import build
+from kernels.common import build
 
 REPO = Path(__file__).resolve().parents[2]
-CPU = REPO / "kernels" / "cpu"
-SOURCES = sorted(path.relative_to(CPU).as_posix() for path in CPU.rglob("*.cpp"))
-METHODS = ["cur", "dropout", "l1", "landmarks", "pinv", "selection", "seqconv"]  # cur: no source, it chains landmarks/
+KERNELS = REPO / "kernels"
+SOURCES = sorted(path.relative_to(KERNELS).as_posix() for path in KERNELS.rglob("*.cpp"))
 
 
-def test_every_cpp_kernel_lives_in_kernels_cpu():
-    """No C++ source or header and no compiler call outside kernels/cpu (the methods only call into it)."""
+def test_every_cpp_kernel_lives_beside_its_binding():
+    """No C++ source or header and no compiler call outside kernels/ (the methods only call into it); every source is
+    a method's ``cpu.cpp`` or ``cpu_<part>.cpp``, bound by the ``cpu.py`` beside it; headers only in kernels/common."""
     stray = [path for folder in ("attention", "models", "lra") for pattern in ("*.cpp", "*.h")
              for path in (REPO / folder).rglob(pattern)]
     assert stray == []
     callers = [path for folder in ("attention", "models", "lra") for path in (REPO / folder).rglob("*.py")
                if "subprocess" in path.read_text() and "c++" in path.read_text()]
     assert callers == []
-    assert SOURCES == ["dropout/dropout.cpp", "l1/l1.cpp", "landmarks/landmarks.cpp", "landmarks/landmarks_backward.cpp",
-                       "pinv/pinv.cpp", "selection/selection.cpp", "seqconv/seqconv.cpp"]
+    assert SOURCES and all(name.count("/") == 1 and name.split("/")[1].startswith("cpu") for name in SOURCES)
+    assert all((KERNELS / name).with_name("cpu.py").is_file() for name in SOURCES)
+    assert sorted(path.relative_to(KERNELS).as_posix() for path in KERNELS.rglob("*.h")) == [
+        "common/landmark_attention.h", "common/simd.h"]
+    assert not (KERNELS / "cpu").exists(), "no separate C++ tree: a method's C++ kernels live in kernels/<method>/"
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", sorted(path.parent.name for path in KERNELS.glob("*/naive.py")))
 def test_one_folder_per_method(method):
-    """kernels/cpu/<method>/ holds its sources, ops.py (the bindings, the autograd nodes or custom op, the function
-    that chooses the backend) and naive.py (the plain PyTorch reference its tests compare against); kernels/cpu
-    itself only the build driver and the headers several methods share."""
-    folder = CPU / method
-    assert all((folder / name).is_file() for name in ("__init__.py", "ops.py", "naive.py"))
+    """kernels/<method>/ holds __init__.py and naive.py (the one plain PyTorch reference every form is tested
+    against: it calls no kernel), and its registration: ops.py (Triton) and/or cpu.py (C++)."""
+    folder = KERNELS / method
+    assert (folder / "__init__.py").is_file() and ((folder / "ops.py").is_file() or (folder / "cpu.py").is_file())
     imports = [line for line in (folder / "naive.py").read_text().splitlines() if line.startswith(("from ", "import "))]
     assert not [line for line in imports if "kernels" in line], "naive.py is plain PyTorch: it calls no kernel"
-    assert sorted(path.name for path in CPU.glob("*.h")) == ["landmarks.h", "simd.h"]
+    assert len(list(folder.rglob("naive*.py"))) == 1, "one plain reference per method"
 
 
 @pytest.mark.parametrize("name", SOURCES)
 def test_every_kernel_builds_with_the_shared_simd_header(name):
     """Each source compiles through build.build for this CPU's instruction set and includes simd.h (directly or
-    through landmarks.h), whose hash is part of its cache key."""
+    through landmark_attention.h), whose hash is part of its cache key."""
     path = build.source(name)
     headers = [header.name for header in build.local_headers(path)]
-    assert "simd.h" in headers or name == "dropout/dropout.cpp"
-    assert all(header.parent == CPU for header in build.local_headers(path) if header.name in ("simd.h", "landmarks.h"))
+    assert "simd.h" in headers or name == "dropout/cpu.cpp"
+    assert all(header.parent == KERNELS / "common" for header in build.local_headers(path))
     assert ctypes.CDLL(str(build.build(path)))
 
 
 def test_missing_compiler_is_a_clear_error():
     with pytest.raises(RuntimeError, match="C\\+\\+ compiler 'no-such-c\\+\\+' was not found"):
-        build.build(build.source("l1/l1.cpp"), compiler="no-such-c++")
+        build.build(build.source("l1/cpu.cpp"), compiler="no-such-c++")
 
 
 def test_an_edited_header_builds_a_new_library(monkeypatch, tmp_path):

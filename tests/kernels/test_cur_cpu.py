@@ -1,5 +1,5 @@
-"""`kernels.cpu.cur.ops`: CUR's training path on the CPU kernels as one autograd node (softmax and L1 scores), against
-the float64 plain PyTorch CUR of `kernels.cpu.cur.naive` and as close to it as the unfused float32 path (values and
+"""`kernels.cur.cpu`: CUR's training path on the CPU kernels as one autograd node (softmax and L1 scores), against
+the float64 plain PyTorch CUR of `kernels.cur.naive` and as close to it as the unfused float32 path (values and
 gradients), and the few-keys backward's ``zero_rows``."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from attention.cur import cur_attention
 from attention.pinv import iterative_pinv
 from attention.scores import L1Score, SoftmaxScore
 from attention.selection import select_indices
-from kernels.cpu.cur import naive
-from kernels.cpu.landmarks import ops as landmarks_cpu
+from kernels.cur import naive
+from kernels.landmark_attention import cpu as landmarks_cpu
 from tests.attention_reference import padded_mask
 
 WIDTH = landmarks_cpu.vector_floats()
@@ -28,7 +28,7 @@ def operands(n: int, seed: int = 0):
 
 
 def cur_and_grads(q, k, v, mask, index_q, index_k, grad, dtype, overwrite, score, reference=False):
-    """CUR's output (``reference``: :func:`kernels.cpu.cur.naive.cur_attention`'s) and the gradients of
+    """CUR's output (``reference``: :func:`kernels.cur.naive.cur_attention`'s) and the gradients of
     ``Σ grad · Y`` over real rows, in ``dtype``, and the output's node."""
     inputs = [x.to(dtype).detach().requires_grad_() for x in (q, k, v)]
     if reference:
@@ -56,7 +56,7 @@ def test_one_node_matches_float64_cur_as_closely_as_the_unfused_path(overwrite, 
     reference, _ = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float64, overwrite, score, True)
     fused, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float32, overwrite, score)
     assert node == "CURKernelAttentionBackward"
-    monkeypatch.setattr("kernels.cpu.cur.ops.takes", lambda *args: False)
+    monkeypatch.setattr("kernels.cur.cpu.takes", lambda *args: False)
     unfused, node = cur_and_grads(q, k, v, mask, index_q, index_k, grad, torch.float32, overwrite, score)
     assert node != "CURKernelAttentionBackward"
     for name, ours, plain, exact in zip(["Y", "dQ", "dK", "dV"], fused, unfused, reference):

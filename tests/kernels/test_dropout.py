@@ -1,5 +1,5 @@
-"""models.dropout.Dropout and its custom op ``lra::dropout`` (kernels/cpu/dropout/): the kernel against its plain
-PyTorch reference (`kernels.cpu.dropout.naive`, bit for bit), its mask (rate, scale, backward, seeds, threads,
+"""models.dropout.Dropout and its custom op ``lra::dropout`` (kernels/dropout/): the kernel against its plain
+PyTorch reference (`kernels.dropout.naive`, bit for bit), its mask (rate, scale, backward, seeds, threads,
 independence) against what nn.Dropout promises, and the paths that are not the kernel (eval, p = 0 and 1, other
 dtypes, no compiler)."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import build
-from kernels.cpu.dropout import naive
-from kernels.cpu.dropout import ops as dropout_kernel
-from kernels.cpu.dropout.ops import dropout
+from kernels.common import build
+from kernels.dropout import naive
+from kernels.dropout import cpu as dropout_kernel
+from kernels.dropout.cpu import dropout
 from models.dropout import Dropout
 
 SIGMAS = 5  # binomial / correlation tolerances: 5 standard deviations
@@ -43,7 +43,7 @@ def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize(("seed", "p"), [(0, 0.5), (-4_242_424_242_424, 0.1), (2**63 - 1, 0.9), (12345, 1 / 3)])
 def test_the_kernel_is_its_plain_pytorch_reference_bit_for_bit(dtype, seed, p):
-    """The kernel's hash, threshold and scaling, written in int64 tensor arithmetic (kernels.cpu.dropout.naive)."""
+    """The kernel's hash, threshold and scaling, written in int64 tensor arithmetic (kernels.dropout.naive)."""
     x = nonzero(70_001, dtype=dtype, seed=1)
     assert torch.equal(dropout(x, torch.tensor(seed), p), naive.dropout(x, seed, p))
 

@@ -20,11 +20,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import attention.flashcur  # noqa: F401  (defines the kernels now, from this process's environment)
 from kernels.common.launch import recording
-from kernels.flashcur import launch as kernel_launch
-from kernels.flashcur import run as kernel_run
-from kernels.flashcur import ops
-from kernels.flashcur.launch import block_sizes
-from kernels.landmarks import launch as landmark_launch
+from kernels.cur import launch as kernel_launch
+from kernels.cur import run as kernel_run
+from kernels.cur import ops
+from kernels.cur.launch import block_sizes
+from kernels.segment_means import launch as landmark_launch
 from lra.build import build_attention
 from tests.conftest import compose_config, run_cli
 

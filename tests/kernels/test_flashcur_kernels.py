@@ -1,7 +1,7 @@
-"""FlashCUR kernels against their plain reference (:mod:`kernels.flashcur.naive`) and CUR (same indices).
+"""FlashCUR kernels against their plain reference (:mod:`kernels.cur.naive`) and CUR (same indices).
 
 These tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before
-Python starts (the interpreter is chosen when :mod:`kernels.flashcur` is defined, so it cannot be
+Python starts (the interpreter is chosen when :mod:`kernels.cur` is defined, so it cannot be
 switched on inside a shared pytest process). Without either they are skipped here, and
 ``tests/kernels/test_flashcur.py::test_kernels_under_the_interpreter`` runs this file in a subprocess with
 the variable set — so the default suite always exercises them. Shapes are tiny (the interpreter is
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.flashcur import naive
+from kernels.cur import naive
 from tests.triton_env import DEVICE, needs_kernels
 
 pytestmark = [
@@ -33,7 +33,7 @@ def make_inputs(batch, heads, n, d, pad_last: int, seed=0, dtype=torch.float32):
 
 def test_each_kernel_matches_its_equation():
     """Kernels (a), (b), (c) on their own: RV and its lse, U, and softmax(QK_Jᵀ)W with rows I replaced."""
-    from kernels.flashcur import run
+    from kernels.cur import run
 
     q, k, v, key_mask = make_inputs(2, 2, 37, 24, pad_last=9)
     index = torch.stack([torch.randperm(28)[:16] for _ in range(4)]).view(2, 2, 16).to(DEVICE)
@@ -112,7 +112,7 @@ def test_forward_and_gradients_match_cur(case):
 
 def test_one_split_matches_cur(monkeypatch):
     """The layer with every split kernel on one split (``TARGET_PROGRAMS = 1``: the partial is the result, no merge)."""
-    from kernels.flashcur import launch as kernel_launch
+    from kernels.cur import launch as kernel_launch
 
     monkeypatch.setattr(kernel_launch, "TARGET_PROGRAMS", 1)
     check_case(CASES[0])
@@ -167,7 +167,7 @@ def test_backward_saves_no_n_by_m_tensor():
     assert flash < n * m * 4 / 2
 
 
-# ---- split n (kernels.flashcur.launch.splits) and bf16 inputs ------------------------------------------------------
+# ---- split n (kernels.cur.launch.splits) and bf16 inputs ------------------------------------------------------
 
 
 @pytest.mark.parametrize("target", [1, 3, 264], ids=lambda t: f"target{t}")
@@ -175,8 +175,8 @@ def test_split_kernels_match_their_equations(monkeypatch, target):
     """The split kernels (_rv_fwd, _rv_bwd_q, _out_bwd_kw) and their merges against float64 autograd at n = 100
     (32-token tiles: splits of 32 or 64 tokens, the last one short), pads inside a split and a split without a
     real key (merged with weight 0): ``target`` programs 1 (one split), 3, 264 (one split per tile)."""
-    from kernels.flashcur import launch as flashcur
-    from kernels.flashcur import run
+    from kernels.cur import launch as flashcur
+    from kernels.cur import run
 
     monkeypatch.setattr(flashcur, "TARGET_PROGRAMS", target)
     batch, heads, n, d, m = 2, 1, 100, 24, 16

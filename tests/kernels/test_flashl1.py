@@ -1,6 +1,6 @@
-"""FlashL1 (``kernels/flashl1/``): EcoTransformer L1 attention kernels.
+"""FlashL1 (``kernels/l1/``): EcoTransformer L1 attention kernels.
 
-* Numerics: forward and all three gradients against the dense float64 formula of :mod:`kernels.flashl1.naive` (the
+* Numerics: forward and all three gradients against the dense float64 formula of :mod:`kernels.l1.naive` (the
   full ``(B, H, n, n, d)`` difference, masked like :func:`attention.scores.masked_softmax`), with one
   sequence fully real and one padded (or fully padded). They need the kernels to run: on a CUDA GPU,
   or on CPU with ``TRITON_INTERPRET=1`` set before Python starts (Triton picks the interpreter when a
@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from kernels.common.launch import SHARED_MEMORY_LIMIT
-from kernels.flashl1 import launch as flashl1
-from kernels.flashl1.naive import dense_l1
-from kernels.flashl1.ops import flash_l1_attention
+from kernels.l1 import launch as flashl1
+from kernels.l1.naive import dense_l1
+from kernels.l1.ops import flash_l1_attention
 from tests.conftest import run_cli
 from tests import triton_env
 from tests.triton_env import DEVICE, INTERPRETER, KERNELS_RUN

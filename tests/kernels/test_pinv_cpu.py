@@ -1,14 +1,14 @@
-"""The pseudo-inverse's CPU kernel (kernels/cpu/pinv/pinv.cpp): its steps and their backward against the plain
-PyTorch reference (kernels/cpu/pinv/naive.py) in float64, and where it runs."""
+"""The pseudo-inverse's CPU kernel (kernels/pinv/cpu.cpp): its steps and their backward against the plain
+PyTorch reference (kernels/pinv/naive.py) in float64, and where it runs."""
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attention import pinv
-from kernels.cpu import pinv as pinv_cpu
-from kernels.cpu.pinv import naive
-from kernels.cpu.landmarks.ops import vector_floats
+from kernels.pinv import cpu as pinv_cpu
+from kernels.pinv import naive
+from kernels.landmark_attention.cpu import vector_floats
 from tests.tolerances import tolerance
 
 WIDTH = vector_floats()

@@ -1,5 +1,5 @@
-"""CUR's selection priorities on the CPU (kernels/cpu/selection/selection.cpp) against their plain reference
-(kernels/cpu/selection/naive.py); the top indices are checked against the method's PyTorch form in
+"""CUR's selection priorities on the CPU (kernels/selection/cpu.cpp) against their plain reference
+(kernels/selection/naive.py); the top indices are checked against the method's PyTorch form in
 tests/attention/test_selection.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu.selection import naive
-from kernels.cpu.selection.ops import abs_row_sums
+from kernels.selection import naive
+from kernels.selection.cpu import abs_row_sums
 from tests.tolerances import tolerance
 
 

@@ -1,14 +1,14 @@
-"""Nyström's sequence kernels on the CPU (kernels/cpu/seqconv/seqconv.cpp) against their plain reference
-(kernels/cpu/seqconv/naive.py): the masked depthwise conv (:class:`kernels.cpu.seqconv.ops.ConvFunction`) with its
-input, weight and base gradients, and the segment sums (:class:`kernels.cpu.seqconv.ops.SegmentSums`)."""
+"""Nyström's sequence kernels on the CPU (kernels/seqconv/cpu.cpp) against their plain reference
+(kernels/seqconv/naive.py): the masked depthwise conv (:class:`kernels.seqconv.cpu.ConvFunction`) with its
+input, weight and base gradients, and the segment sums (:class:`kernels.seqconv.cpu.SegmentSums`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.cpu.seqconv import naive
-from kernels.cpu.seqconv.ops import ConvFunction, SegmentSums, uses_kernel
+from kernels.seqconv import naive
+from kernels.seqconv.cpu import ConvFunction, SegmentSums, uses_kernel
 from tests.tolerances import tolerance
 
 

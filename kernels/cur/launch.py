@@ -1,0 +1,333 @@
+"""Launch parameters of the FlashCUR kernels: tiles, warps and stages per architecture, dtype and shape.
+
+:func:`launch_config` gives, for a kernel, a shape ``(n, m, d)``, an input dtype and a GPU
+architecture, every compile-time parameter of the launch — block sizes, ``F32_DOT``/``PRECISION``,
+``M`` where it is a constexpr, ``num_warps``, ``num_stages`` — memoised per shape; :func:`splits` the split of n
+for the kernels whose programs walk all n tokens (:data:`SPLIT_KERNELS`: at least :data:`TARGET_PROGRAMS`
+programs, two waves on an H100 / H200). :mod:`kernels.cur.run` launches with it (:func:`config`, :func:`launch`),
+and ``tests/kernels/test_aot_compile.py`` compiles with it for sm_80 and sm_90 (:func:`compile_kernel`), so what
+the test checks is what runs. Shared memory limits, the estimate and the interpreter switch are
+:mod:`kernels.common.launch`'s.
+
+Pointer argument types (:data:`POINTER_TYPES`) are part of the contract too: under the interpreter
+:func:`launch` checks that the tensors passed have them, so the AOT signature cannot drift from the
+real launch.
+
+The functions that allocate and launch with these parameters: :mod:`kernels.cur.run`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import triton
+
+from kernels.common import aot
+from kernels.common import launch as common
+from kernels.common.launch import IN, MARGIN, MIN_DOT, TRITON_TYPES, LaunchConfig
+from kernels.cur import backward, forward
+
+SUPPORTED_M = (16, 32, 64, 128)
+CHECKED_CAPABILITIES = (80, 90)  # where REGISTER_TILES was measured; tests/kernels/test_aot_compile.py compiles for both
+FLOAT_ARGS = ("qk_scale", "sm_scale")  # the kernels' float scalars (every other scalar is an i32)
+
+POINTER_TYPES = {
+    "_rv_fwd": {"QI": IN, "K": IN, "V": IN, "MASK": "*u8", "RV": "*fp32", "LSE": "*fp32"},
+    "_u_fwd": {"QI": IN, "KJ": IN, "VALIDK": "*u8", "U": "*fp32"},
+    "_out_fwd": {"Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "RV": "*fp32", "SLOT": "*i32", "OUT": IN, "LSE": "*fp32"},
+    "_rv_bwd_kv": {
+        "QI": IN, "K": IN, "V": IN, "MASK": "*u8", "DRV": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DK": IN, "DV": IN,
+    },
+    "_rv_bwd_q": {"QI": IN, "K": IN, "V": IN, "MASK": "*u8", "DRV": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DQI": "*fp32"},
+    "_out_bwd_q": {
+        "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "LSE": "*fp32", "DQ": IN, "DELTA": "*fp32",
+    },
+    "_out_bwd_kw": {
+        "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "LSE": "*fp32", "DELTA": "*fp32",
+        "DKJ": "*fp32", "DW": "*fp32",
+    },
+}
+KERNELS = tuple(POINTER_TYPES)
+# Kernels whose programs each walk the n tokens (a block of m rows or keys against every token): their n
+# is split into S parts, a grid axis (:func:`splits`), and their m-sized results are per-split partials.
+SPLIT_KERNELS = ("_rv_fwd", "_rv_bwd_q", "_out_bwd_kw")
+TARGET_PROGRAMS = common.TWO_WAVES  # programs a split launch aims for: two waves on an H100 / H200
+
+
+def kernel_function(kernel: str):
+    """The ``@triton.jit`` function named ``kernel`` (:mod:`kernels.cur.forward` or ``.backward``)."""
+    return getattr(forward, kernel, None) or getattr(backward, kernel)
+
+
+def pointer_types(kernel: str, dtype: torch.dtype) -> dict[str, str]:
+    """Triton pointer types (``*fp32`` …) of ``kernel``'s tensor arguments for inputs of ``dtype``."""
+    return common.pointer_types(POINTER_TYPES[kernel], dtype)
+
+
+def check_head_dim(d: int) -> None:
+    """The kernels hold one head in a tile of ``next_power_of_2(d)`` columns: 16 <= d <= 128."""
+    if not 16 <= d <= 128:
+        raise ValueError(
+            f"FlashCUR supports head_dim 16..128, got {d}: set model.d_model / model.num_heads in that range "
+            "or use attention=curformer"
+        )
+
+
+def check_m(m: int) -> None:
+    if m not in SUPPORTED_M:
+        raise ValueError(
+            f"FlashCUR supports m (attention.num_landmarks) in {SUPPORTED_M}, got {m}; "
+            "pick one of these or use attention=curformer"
+        )
+
+
+def block_sizes(n: int, m: int, d: int) -> dict[str, int]:
+    """The largest tile sizes for ``n`` tokens, ``m`` slots, head_dim ``d`` (powers of two, ≥ 16), before any
+    architecture limit: ``BLOCK_N = min(64, next_pow2(n))``, ``BLOCK_M = min(m, 64)``, ``BLOCK_D = next_pow2(d)``.
+    """
+    check_m(m)
+    check_head_dim(d)
+    sizes = {
+        "BLOCK_N": min(64, max(MIN_DOT, triton.next_power_of_2(n))),
+        "BLOCK_M": min(m, 64),
+        "BLOCK_D": max(MIN_DOT, triton.next_power_of_2(d)),
+    }
+    assert all(size >= MIN_DOT and size & (size - 1) == 0 for size in sizes.values()), sizes
+    return sizes
+
+
+# How each kernel walks its work. "rows": a program owns BLOCK_M of the m selected rows/keys and loops
+# over the n tokens in BLOCK_N tiles. "tokens": a program owns BLOCK_N tokens and loops over the m
+# slots in BLOCK_M chunks (one chunk when BLOCK_M = M). "u": BLOCK_M rows of U against all m keys.
+KIND = {"_rv_fwd": "rows", "_rv_bwd_q": "rows", "_out_bwd_kw": "rows", "_u_fwd": "u",
+        "_out_fwd": "tokens", "_rv_bwd_kv": "tokens", "_out_bwd_q": "tokens"}
+
+# Per kernel: which tiles are dot operands (staged through shared memory), as (rows, cols, float32?,
+# twice under TF32?). float32: the tensor is float32 (W, RV, their gradients, probabilities) or is cast
+# to float32 for an IEEE dot with one (:func:`kernels.cur.forward.mm32`), whatever the input dtype.
+# Twice: used both as a dot's B and as its Bᵀ; with TF32 (32-bit tensor-core operands, which cannot
+# be transposed on load) Triton stages a second, transposed copy. "fixed" tiles are loaded once per
+# program; "loop" tiles once per iteration of the kernel's loop (pipelined: num_stages - 1 copies in
+# flight); "scratch" are tiles computed in registers and fed to a dot (probabilities, dS), and
+# _u_fwd's softmax tile, which Triton stages through shared memory to store. Measured
+# (tests/kernels/test_aot_compile.py): the estimate is within 1 KiB of, or above, Triton 3.9's allocation for
+# every kernel, dtype and shape on sm_80 and sm_90. Since bf16 / fp16 launches cast W, RV, dRV and the
+# probability tiles to the input dtype for their tensor-core dots (forward.mm_in), the float32 flag
+# over-counts those tiles there (2 bytes, not 4); kept, as the safe side (the measured allocations against the
+# estimate: docs/flashcur.md, "Shared memory of the bf16 launches").
+_ND, _MD = ("BLOCK_N", "BLOCK_D"), ("BLOCK_M", "BLOCK_D")
+TILES = {
+    "_rv_fwd": {"fixed": [(*_MD, False, False)], "loop": [(*_ND, False, False)] * 2, "scratch": [("BLOCK_M", "BLOCK_N", False, False)]},
+    "_u_fwd": {"fixed": [(*_MD, False, False), ("M", "BLOCK_D", False, False)], "scratch": [("BLOCK_M", "M", True, False)]},
+    "_out_fwd": {"fixed": [(*_ND, False, False)], "loop": [(*_MD, False, False), (*_MD, True, False)],
+                 "scratch": [("BLOCK_N", "BLOCK_M", True, False)]},
+    "_rv_bwd_kv": {"fixed": [(*_ND, False, False), (*_ND, True, False)], "loop": [(*_MD, False, True), (*_MD, True, True)],
+                   # P, dP, dS in float32 (layout conversions between tensor-core and FMA results), dS as an operand
+                   "scratch": [("BLOCK_N", "BLOCK_M", True, False)] * 3 + [("BLOCK_N", "BLOCK_M", False, False)]},
+    "_rv_bwd_q": {"fixed": [(*_MD, False, False), (*_MD, True, False)], "loop": [(*_ND, False, True), (*_ND, True, False)],
+                  "scratch": [("BLOCK_M", "BLOCK_N", False, False)]},
+    "_out_bwd_q": {"fixed": [(*_ND, False, False), (*_ND, True, False)], "loop": [(*_MD, False, True), (*_MD, True, False)] * 2,
+                   "scratch": [("BLOCK_N", "BLOCK_M", False, False)]},  # two passes over the keys, each pipelined
+    "_out_bwd_kw": {"fixed": [(*_MD, False, False), (*_MD, True, False)], "loop": [(*_ND, False, True), (*_ND, True, True)],
+                    "scratch": [("BLOCK_M", "BLOCK_N", True, False), ("BLOCK_M", "BLOCK_N", False, False)]},
+}
+
+# Registers. Every kernel but _rv_fwd and _u_fwd multiplies by a float32 tensor (W, RV, their
+# gradients), and with float32 inputs every dot is float32: those dots run in IEEE precision on the
+# FMA units (TF32 only when asked), where Triton keeps both operands in registers for the whole K
+# dimension, so the register need grows with the tiles and head_dim. (With bf16 / fp16 inputs these dots
+# now run on tensor cores too; the "half" cells were measured when they were IEEE fp32 and are kept: they
+# compile without spills for the tensor-core kernels, re-checked with the split kernels, and are smaller
+# tiles than tensor cores need — retuning them for speed needs a GPU.) Tiles sized for shared memory
+# alone spill (m = d = 128 on sm_80: fp32 _rv_fwd 7,536 B of stack per thread, bf16 _rv_bwd_kv
+# 47,248 B). These launches follow a register rule (:func:`register_launch`): REGISTER_TILES per
+# kernel and operand class (:func:`operands`), a few general limits, and REGISTER_EXCEPTIONS, all
+# measured so that no launch spills on sm_80 or sm_90 (tests/kernels/test_aot_compile.py compiles every
+# one; figures in docs/flashcur.md). ptxas' register allocation is not monotone in the tile sizes
+# (a smaller tile can spill where a larger one does not), hence a measured table and not a formula:
+# re-run ``pytest -m slow tests/kernels/test_aot_compile.py`` after changing a kernel.
+SHARED_RULE = None  # only tensor-core dots (bf16 / fp16 / TF32 _rv_fwd, _u_fwd): shared memory decides
+SHARED_RULE_WARPS = 4
+# ... but a split _rv_fwd (kernels.cur.forward: the per-split partial store) whose BLOCK_M × BLOCK_D float32
+# accumulator reaches 64 × 128 spills 24 B (sm_80) / 96 B (sm_90) with 4 warps in bf16; 8 warps spill nothing.
+SHARED_RULE_WIDE, SHARED_RULE_WIDE_WARPS = 64 * 128, 8
+REGISTER_TILES = {  # kernel: {operands: (largest BLOCK_N, largest BLOCK_M, num_warps, num_stages)}
+    "_rv_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": SHARED_RULE},
+    "_u_fwd": {"fp32": (MIN_DOT, 32, 8, 1), "tf32": SHARED_RULE, "half": SHARED_RULE},
+    "_out_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
+    "_rv_bwd_kv": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (16, 16, 8, 2)},
+    "_rv_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
+    "_out_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
+    "_out_bwd_kw": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 16, 8, 2)},
+}
+# Cells where the general rule spills (8–192 B) and this launch does not, on both architectures:
+# (kernel, operands, BLOCK_D, m, BLOCK_N) -> (BLOCK_M, num_warps, num_stages).
+REGISTER_EXCEPTIONS = {
+    ("_out_fwd", "tf32", 128, 32, 32): (16, 4, 2),
+    ("_out_fwd", "half", 128, 32, 32): (16, 4, 2),
+    ("_out_fwd", "half", 16, 32, 16): (16, 4, 2),
+    ("_rv_bwd_kv", "tf32", 32, 32, 32): (16, 4, 2),
+    ("_out_bwd_q", "half", 128, 32, 16): (16, 8, 3),
+}
+# Tiles of the split kernels that spill 8–24 B with the rule's 8 warps on sm_90 (since the split of n) and
+# nothing with 4 on either architecture, whatever m: (kernel, operands, BLOCK_D, BLOCK_N, BLOCK_M) -> num_warps.
+TILE_WARPS = {
+    ("_rv_fwd", "fp32", 16, 32, 16): 4,
+    ("_rv_fwd", "tf32", 64, 32, 32): 4,
+    ("_out_bwd_kw", "fp32", 64, 16, 16): 4,
+    ("_out_bwd_kw", "tf32", 64, 16, 16): 4,
+}
+
+
+def operands(dtype: torch.dtype, tf32: bool) -> str:
+    """Operand class of a launch: "fp32" (float32 inputs, IEEE dots on FMA units), "tf32" (float32
+    inputs, tensor-core TF32 dots), "half" (bf16 / fp16 inputs: every dot on tensor cores, W and RV cast)."""
+    if dtype != torch.float32:
+        return "half"
+    return "tf32" if tf32 else "fp32"
+
+
+def register_launch(kernel: str, operand_class: str, m: int, block_d: int, block_n: int) -> tuple[int, int, int] | None:
+    """``(largest BLOCK_M, num_warps, num_stages)`` of the register rule for a program of ``block_n``
+    tokens, or None under :data:`SHARED_RULE`.
+
+    :data:`REGISTER_TILES`, then: BLOCK_M ≤ m and BLOCK_M ≤ BLOCK_N; a "tokens" kernel takes its m
+    slots in at least two chunks from m = 32 (one loop trip over 32 slots spills up to 288 B at
+    head_dim 128); _rv_bwd_q keeps 8 warps only for 32 × 32 tiles at head_dim ≥ 64 (smaller programs
+    spill 8–24 B with 8 warps: ptxas trades registers for occupancy); _u_fwd cannot chunk its m keys
+    (its softmax spans them all), so in fp32 it takes 16-row tiles from m · BLOCK_D = 64 · 128 (32
+    rows spill 176 B) and 16 warps at 128 · 128 (8 warps spill 176 B); last
+    :data:`REGISTER_EXCEPTIONS`, then :data:`TILE_WARPS`.
+    """
+    tiles = REGISTER_TILES[kernel][operand_class]
+    if tiles is SHARED_RULE:
+        return None
+    _, block_m, warps, stages = tiles
+    kind = KIND[kernel]
+    block_m = min(block_m, m)
+    if kind != "u":
+        block_m = min(block_m, block_n)
+    if kind == "tokens":
+        block_m = min(block_m, max(MIN_DOT, m // 2))
+    if kernel == "_rv_bwd_q" and not (block_n >= 32 and block_m >= 32 and block_d >= 64):
+        warps = 4
+    if kernel == "_u_fwd" and m * block_d >= 64 * 128:
+        block_m, warps = MIN_DOT, 16 if m * block_d >= 128 * 128 else warps
+    block_m, warps, stages = REGISTER_EXCEPTIONS.get((kernel, operand_class, block_d, m, block_n), (block_m, warps, stages))
+    return block_m, TILE_WARPS.get((kernel, operand_class, block_d, block_n, block_m), warps), stages
+
+
+def _candidates(kernel: str, sizes: dict[str, int], m: int, operand_class: str):
+    """(BLOCK_N, BLOCK_M, num_warps, num_stages), fastest first.
+
+    BLOCK_N from :func:`block_sizes`'s (capped by :data:`REGISTER_TILES`) down to 16 (_u_fwd has
+    none); within it, under a register rule, :func:`register_launch`'s warps and stages with BLOCK_M
+    from its largest down to 16; under :data:`SHARED_RULE` 4 warps (8 for _rv_fwd's 64 × 128 accumulators,
+    :data:`SHARED_RULE_WIDE`), 3 then 2 pipeline stages (1 for
+    _u_fwd, which has no loop), BLOCK_M from :func:`block_sizes`'s down, keeping BLOCK_N ≤ 2 · BLOCK_M
+    (bf16 _rv_fwd at m = 16 with BLOCK_N = 64 spills 8 B on sm_90).
+    """
+    tiles = REGISTER_TILES[kernel][operand_class]
+    kind = KIND[kernel]
+    block_n = MIN_DOT if kind == "u" else min(sizes["BLOCK_N"], tiles[0] if tiles else sizes["BLOCK_N"])
+    while block_n >= MIN_DOT:
+        rule = register_launch(kernel, operand_class, m, sizes["BLOCK_D"], block_n)
+        if rule is not None:
+            largest_m, warps, stages_list = rule[0], rule[1], (rule[2],)
+        else:
+            largest_m, warps, stages_list = sizes["BLOCK_M"], SHARED_RULE_WARPS, (1,) if kind == "u" else (3, 2)
+        for stages in stages_list:
+            block_m = largest_m
+            while block_m >= MIN_DOT:
+                if rule is not None or kind == "u" or block_n <= 2 * block_m:
+                    wide = rule is None and kind == "rows" and block_m * sizes["BLOCK_D"] >= SHARED_RULE_WIDE
+                    yield block_n, block_m, SHARED_RULE_WIDE_WARPS if wide else warps, stages
+                block_m //= 2
+        block_n //= 2
+
+
+def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, operand_bytes: int, tf32: bool = False) -> int:
+    """Bytes of shared memory ``kernel`` stages its dot operands through (:data:`TILES`; pipelined loop
+    tiles count ``num_stages - 1`` times). ``operand_bytes`` is 4 when the dots run in float32
+    (``F32_DOT``), else 2; ``tf32``: the dots run on tensor cores in TF32 (transposed second copies)."""
+    return common.shared_memory_estimate(TILES[kernel], sizes, max(num_stages - 1, 1), operand_bytes, tf32)
+
+
+@functools.lru_cache(maxsize=None)
+def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False) -> LaunchConfig:
+    """Every compile-time parameter of launching ``kernel`` on ``n`` tokens, ``m`` slots, head_dim ``d``
+    (memoised per shape: a launch does not re-derive it; the returned config is shared, never mutate it).
+
+    Rule: the first of :func:`_candidates` (tiles from the largest down; warps and stages from the
+    register rule, :func:`register_launch`, or for tensor-core-only launches 4 warps and 3 or 2
+    stages) whose shared-memory estimate (:func:`shared_memory_estimate`) is within
+    ``sm_<capability>``'s limit less :data:`MARGIN`. ``tests/kernels/test_aot_compile.py`` compiles the result
+    for sm_80 and sm_90 and checks shared memory and spills. Raises ``ValueError`` naming
+    ``attention.num_landmarks`` and the head dim when nothing fits.
+    """
+    fn = kernel_function(kernel)
+    sizes = block_sizes(n, m, d)
+    dots = common.dot_constexprs(dtype, tf32)
+    limit = common.shared_memory_limit(capability) - MARGIN
+    for block_n, block_m, warps, stages in _candidates(kernel, sizes, m, operands(dtype, tf32)):
+        tried = {**sizes, "BLOCK_N": block_n, "BLOCK_M": block_m, "M": m}
+        if shared_memory_estimate(kernel, tried, stages, 4 if dots["F32_DOT"] else 2, tf32=dots["PRECISION"] == "tf32") <= limit:
+            break
+    else:
+        raise ValueError(
+            f"FlashCUR cannot run m = {m} selected rows (attention.num_landmarks) with head_dim {d} in "
+            f"{TRITON_TYPES[dtype]} on sm_{capability}: kernel {kernel} needs more than the "
+            f"{common.shared_memory_limit(capability):,} bytes of shared memory a block may use even with 16-row tiles. "
+            "Lower attention.num_landmarks, use a smaller head dim (model.d_model / model.num_heads), train in "
+            "bf16 (trainer.precision=bf16-mixed), or use attention=curformer"
+        )
+    values = {**tried, **dots}
+    constexprs = {name: value for name, value in values.items() if name in fn.arg_names and _is_constexpr(fn, name)}
+    return LaunchConfig(constexprs, num_warps=warps, num_stages=stages)
+
+
+@functools.lru_cache(maxsize=None)
+def splits(programs: int, n: int, block_n: int, target: int = TARGET_PROGRAMS) -> tuple[int, int]:
+    """``(S, SPLIT_N)``: the split of ``n`` tokens for a launch of :data:`SPLIT_KERNELS` whose other grid axes
+    give ``programs`` programs (``B·H·m/BLOCK_M``), and the tokens per split (a multiple of ``block_n``).
+
+    The fewest splits that reach ``target`` programs (``programs · S ≥ target``), each at least one
+    ``block_n`` tile: ``per = max(1, tiles // ⌈target / programs⌉)`` tiles a split, ``S = ⌈tiles / per⌉``
+    (no empty split); ``S = 1`` once ``programs ≥ target``. At B 8, H 2, n 4096, m 64 (64-token tiles,
+    one 64-row block): 16 programs, 64 tiles, 3 tiles a split, S = 22, 352 programs.
+    """
+    tiles = triton.cdiv(max(n, 1), block_n)
+    per = max(1, tiles // triton.cdiv(target, programs))
+    return triton.cdiv(tiles, per), per * block_n
+
+
+def check_shape(m: int, d: int, capability: int) -> None:
+    """Raise at config time when no dtype can serve ``(m, d)`` on ``sm_<capability>`` (bf16 needs the least)."""
+    for kernel in KERNELS:
+        launch_config(kernel, 1 << 16, m, d, torch.bfloat16, capability)
+
+
+def _is_constexpr(fn, name: str) -> bool:
+    """Whether ``name`` is annotated ``tl.constexpr`` (jitted and interpreted functions alike wrap ``fn.fn``)."""
+    return "constexpr" in str(inspect.signature(fn.fn).parameters[name].annotation)
+
+
+def config(kernel: str, n: int, m: int, d: int, like: torch.Tensor) -> LaunchConfig:
+    """:func:`launch_config` for inputs like ``like`` on its device (TF32 as torch allows)."""
+    capability = common.device_capability(like.device)
+    return launch_config(kernel, n, m, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32)
+
+
+def launch(kernel: str, grid, config: LaunchConfig, *args, loop: tuple[str, int]) -> None:
+    """``kernel[grid](*args, **config.options)``; under the interpreter the tensors' types are checked
+    against :data:`POINTER_TYPES` first (the AOT test compiles with those). ``loop``: what each program walks
+    and how many iterations (:func:`kernels.common.launch.launch`; recorded by its ``recording``)."""
+    common.launch(kernel_function(kernel), grid, config, POINTER_TYPES[kernel], *args, loop=loop)
+
+
+def compile_kernel(kernel: str, capability: int, dtype: torch.dtype, n: int, m: int, d: int, tf32: bool = False) -> aot.Compiled:
+    """AOT-compile ``kernel`` for ``sm_<capability>`` with the launch parameters for ``(n, m, d, dtype)``."""
+    config = launch_config(kernel, n, m, d, dtype, capability, tf32=tf32)
+    return aot.compile_jit(kernel_function(kernel), capability, config, pointer_types(kernel, dtype), FLOAT_ARGS, name=kernel)
