@@ -9,10 +9,11 @@ setup: $(STAMP)
 
 # The project itself is installed editable (its commands and `python -m lra.*` work from any directory):
 # --no-deps, requirements.txt has pinned everything; --no-build-isolation builds with the setuptools it pins.
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -r requirements.txt
+	$(PYTHON) -m pip install --quiet -r requirements-test.txt   # the attention tests' reference packages (test only)
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -44,9 +45,10 @@ test-fast: setup
 # so a tolerance that holds on one CPU only fails here too. .ci/run runs it with ISA=default after `make test`.
 NUMERICS_TESTS := tests/attention/test_scores.py tests/attention/test_attention_keys.py tests/attention/test_pinv.py tests/models/test_ema.py \
 	tests/attention/test_delta_rule.py tests/attention/test_selection.py tests/attention/test_proxyformer.py tests/attention/test_cur.py \
-	tests/attention/test_nystrom.py tests/attention/test_l1.py tests/attention/test_liza.py tests/kernels/test_landmark_attention_cpu.py tests/kernels/test_cur_cpu.py \
+	tests/attention/test_nystrom.py tests/attention/test_l1.py tests/attention/test_liza.py tests/kernels/test_landmarks_cpu.py tests/kernels/test_cur_cpu.py \
 	tests/kernels/test_pinv_cpu.py tests/attention/test_landmark_stages.py \
-	tests/kernels/test_seqconv_cpu.py tests/kernels/test_selection_cpu.py
+	tests/kernels/test_seqconv_cpu.py tests/kernels/test_selection_cpu.py \
+	tests/attention/test_linear.py tests/attention/test_performer.py
 ISA ?= default
 
 test-numerics: setup
