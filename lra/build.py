@@ -12,7 +12,7 @@ from torch import nn
 
 from lra.config_keys import check_keys
 from lra.module import LRAModule
-from lra.runtime.checkpoints import CHECKPOINT_SETTINGS
+from lra.runtime.checkpoints import run_settings
 
 
 # Keys of an attention config node that describe it but are not constructor arguments.
@@ -106,9 +106,6 @@ def build_module(cfg) -> LRAModule:
     """LightningModule for ``cfg`` (model, AdamW and schedule from their config groups)."""
     from hydra.utils import instantiate
 
-    from omegaconf import OmegaConf
-
     scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
-    settings = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in CHECKPOINT_SETTINGS}
-    return LRAModule(build_model(cfg), instantiate(cfg.optimizer), scheduler, cfg.task.num_classes, settings,
+    return LRAModule(build_model(cfg), instantiate(cfg.optimizer), scheduler, cfg.task.num_classes, run_settings(cfg),
                      compile_network=compile_setting(cfg))

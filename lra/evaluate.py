@@ -42,7 +42,7 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
     """Load ``cfg.ckpt_path`` into the configured model, test it; return the ``results.json`` metrics."""
     L.seed_everything(cfg.seed, workers=True)
     module = build_module(cfg)
-    transfer = load_transferred_weights(module.model, cfg.ckpt_path)
+    transfer = load_transferred_weights(module.model, cfg.ckpt_path, cfg.task)
     datamodule = instantiate(cfg.task.datamodule)
     trainer = build_trainer(cfg, run_dir)
     started = time.perf_counter()

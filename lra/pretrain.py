@@ -162,16 +162,14 @@ def build_pretrain_module(cfg) -> PretrainModule:
     """:class:`PretrainModule` for ``cfg``: the run's classifier (``lra.build.build_model``), AdamW with
     ``pretrain.lr`` and ``pretrain.scheduler`` (OneCycle over ``pretrain.steps``)."""
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    from lra.runtime.checkpoints import CHECKPOINT_SETTINGS
+    from lra.runtime.checkpoints import run_settings
     from lra.build import build_model
 
     node = cfg.pretrain
     scheduler = instantiate(node.scheduler) if node.get("scheduler") else None
-    settings = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in CHECKPOINT_SETTINGS}
     return PretrainModule(build_model(cfg), cfg.task.vocab_size, node.mask_ratio, node.mask_id,
-                          instantiate(cfg.optimizer, lr=node.lr), scheduler, settings,
+                          instantiate(cfg.optimizer, lr=node.lr), scheduler, run_settings(cfg),
                           curve_every=cfg.trainer.get("log_every_n_steps") or 10)
 
 

@@ -68,7 +68,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     datamodule = build_datamodule(cfg)
     module = build_module(cfg)
     if init_from:
-        load_transferred_weights(module.model, init_from)
+        load_transferred_weights(module.model, init_from, cfg.task)
     if cfg.get("finetune"):
         module.model = instantiate(cfg.finetune)(module.model)
     trainer = build_trainer(cfg, run_dir, loggers)

@@ -1,12 +1,26 @@
 """Reading and writing checkpoints: atomic saves, weights across attention variants (direct transfer and
-``init_from`` fine-tuning), errors that name the file."""
+``init_from`` fine-tuning), errors that name the file.
+
+**No checkpoint runs code.** Every read of a checkpoint goes through :func:`load_checkpoint_file`:
+``torch.load(weights_only=True)``, whose unpickler builds tensors, numbers, strings and plain containers and
+nothing else. That is all a checkpoint of ``lra.train`` holds (weights, optimiser and schedule state, callback
+and loader states, the random streams as tensors and lists, the run's settings as plain dicts), so no type is
+allowlisted beyond torch's own (``torch.serialization.add_safe_globals`` is not needed; what a callback or module adds
+to a checkpoint must stay plain). A file that names any other Python object is refused when the unpickler meets
+that name, before the object is built: :class:`UnsafeCheckpoint`, naming the file and the type. The readers:
+``init_from`` and ``lra.evaluate`` (:func:`read_checkpoint`), the resume's choice of checkpoint
+(:func:`lra.runtime.run_dir.checkpoint_step`) and Lightning's own ``ckpt_path`` loads in ``trainer.fit`` /
+``trainer.test`` (:meth:`AtomicCheckpointIO.load_checkpoint`)."""
 
 from __future__ import annotations
 
 import errno
 import logging
+import pickle
+import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -64,6 +78,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise DiskFull(f"disk full while writing {path} ({free} left): free space, then re-run the same command "
                            f"to resume") from error
 
+    def load_checkpoint(self, path, map_location=None, weights_only: bool | None = None) -> dict:
+        """Lightning's read of ``ckpt_path`` (a resume in ``trainer.fit``, the best checkpoint in ``trainer.test``):
+        :func:`load_checkpoint_file`, so ``weights_only=True`` whatever the caller passes."""
+        if not Path(path).exists():
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        return load_checkpoint_file(path, map_location or "cpu")
+
     @staticmethod
     def write(checkpoint: dict, tmp: Path) -> None:
         """``torch.save`` through a Python file: a failed write then keeps its ``OSError`` (and errno) as the
@@ -72,13 +93,34 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, handle)
 
 
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint that needs a Python object other than tensors and plain containers to load: refused unloaded."""
+
+
+def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)``; a file that needs another type raises :class:`UnsafeCheckpoint`
+    (torch's restricted unpickler stops at the type's name, before anything is built from it)."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        needed = re.search(r"GLOBAL (\S+)", str(error))
+        if needed is None:  # a damaged pickle stream, not a foreign type
+            raise
+        raise UnsafeCheckpoint(
+            f"{path} needs {needed.group(1)} to load, a type no checkpoint of lra.train holds: refused unloaded, as "
+            f"unpickling it could run code. Use a checkpoint written by lra.train (or one you can vouch for, "
+            f"re-saved as plain tensors and containers)") from error
+
+
 def read_checkpoint(ckpt_path: str | Path) -> dict:
     """``torch.load`` of a run's ``.ckpt``, with an error naming the file, what is wrong with it and what to do."""
     path = Path(ckpt_path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path} (init_from / ckpt_path expects a .ckpt file of a run)")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = load_checkpoint_file(path)
+    except UnsafeCheckpoint:
+        raise
     except Exception as error:
         raise ValueError(f"{path} is not a readable checkpoint ({type(error).__name__}: {str(error).strip()[:200]}): "
                          f"it is cut short (a full disk or a kill while it was written) or not a .ckpt of lra.train; "
@@ -104,22 +146,84 @@ def training_settings(ckpt_path: str | Path) -> dict | None:
     return settings
 
 
-def load_transferred_weights(model: nn.Module, ckpt_path: str | Path) -> dict[str, list[str]]:
-    """Load a Lightning checkpoint's ``model.*`` weights into ``model``.
+def run_settings(cfg: DictConfig) -> dict:
+    """What a checkpoint records of its run (``settings``): the resolved :data:`CHECKPOINT_SETTINGS` nodes and the task's
+    name (``task``, which :func:`load_transferred_weights` names when weights of another task do not fit)."""
+    settings = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in CHECKPOINT_SETTINGS}
+    return {**settings, "task": cfg.task.name}
 
-    Every parameter the two models share must match in shape (strict). Parameters only the
-    checkpoint has (skipped) or only ``model`` has (left at their initialisation) are named in the
-    log and returned as ``{"skipped": [...], "initialised": [...]}``.
+
+def checkpoint_task(checkpoint: dict) -> str | None:
+    """The task a checkpoint was trained on: ``settings.task`` (recorded since 2026-11-28), else the class Lightning
+    keeps the datamodule's state under (``ListOpsDataModule``: every checkpoint of ``lra.train`` has it); None for
+    neither (a pretraining stage's ``encoder.ckpt`` of before)."""
+    recorded = (checkpoint.get("settings") or {}).get("task")
+    classes = [key for key in checkpoint if isinstance(key, str) and key.endswith("DataModule")]
+    return recorded or (classes[0] if classes else None)
+
+
+def other_task(checkpoint: dict, task: DictConfig | None) -> str | None:
+    """The checkpoint's task when it is not ``task`` (this run's ``cfg.task``), else None. A checkpoint that records
+    only its datamodule class is compared by class (``task=listops`` and ``listops_small`` share one)."""
+    recorded = checkpoint_task(checkpoint)
+    if task is None or recorded is None:
+        return None
+    ours = task.name if "task" in (checkpoint.get("settings") or {}) else task.datamodule._target_.rsplit(".", 1)[-1]
+    return None if recorded == ours else recorded
+
+
+def kind(name: str) -> str:
+    """A parameter's name with its layer indices as ``*`` (``blocks.1.ffn.0.weight`` -> ``blocks.*.ffn.*.weight``)."""
+    return re.sub(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)", "*", name)
+
+
+def listed(names: list[str], most: int = 6) -> str:
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+def load_transferred_weights(model: nn.Module, ckpt_path: str | Path, task: DictConfig | None = None) -> dict[str, list[str]]:
+    """Load a Lightning checkpoint's ``model.*`` weights into ``model`` (``task``: this run's ``cfg.task``, to name a
+    checkpoint of another task as the cause when its weights do not fit).
+
+    The transfer rules (docs/attention.md "Direct weight transfer"): every parameter the two share must match in
+    shape; a parameter of a kind only the model has (Nyström's ``attend.conv``, LiZA's gate, Proxyformer's
+    ``proxies``, the head after a pretraining stage's ``encoder.ckpt``) keeps its initialisation, and one of a kind
+    only the checkpoint has (the other attention's own) is skipped; both are named in the log and returned as
+    ``{"skipped": [...], "initialised": [...]}``. Anything else is a ``ValueError`` raised before a weight is
+    loaded, naming what matched and what did not: no shared parameter at all, or one of a kind both have left
+    out on one side (``blocks.2.*`` of a 3-block model from a 2-block checkpoint: another depth or layout).
+    A kind is a name with its layer indices as ``*`` (:func:`kind`).
     """
     path = Path(ckpt_path)
     checkpoint = read_checkpoint(path)
     state = {k[len(MODEL_PREFIX):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(MODEL_PREFIX)}
     own = model.state_dict()
     mismatched = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items() if k in own and v.shape != own[k].shape]
+    foreign = other_task(checkpoint, task)
+    if mismatched and foreign:
+        raise ValueError(f"{path} was trained on task {foreign} and this run is task={task.name}: its weights have "
+                         f"that task's shapes ({listed(mismatched, 3)}; checkpoint vs this model). Evaluate or fine-tune "
+                         f"it on its own task (task=... of that run), or give a checkpoint trained on {task.name}")
     if mismatched:
         raise ValueError(f"{path}: parameters with different shapes (change the model config to match):\n  " + "\n  ".join(mismatched))
+    shared = sorted(set(state) & set(own))
     skipped = sorted(set(state) - set(own))
     initialised = sorted(set(own) - set(state))
+    own_kinds, their_kinds = {kind(k) for k in own}, {kind(k) for k in state}
+    missing = [k for k in initialised if kind(k) in their_kinds]  # a kind the checkpoint has, but not this one
+    unplaced = [k for k in skipped if kind(k) in own_kinds]
+    if not shared or missing or unplaced:
+        found = (f"{len(shared)} of the model's {len(own)} parameters match ({listed(shared)})" if shared else
+                 f"no parameter of the model is in it (the checkpoint's: {listed(sorted(state))}; the model's: "
+                 f"{listed(sorted(own))})")
+        gaps = "".join([f"; the model's {listed(missing)} have no weights there although it has their kind" if missing else "",
+                        f"; its {listed(unplaced)} have no place in the model although the model has their kind" if unplaced else ""])
+        raise ValueError(f"{path} does not fit this model: {found}{gaps}. A checkpoint transfers to another attention "
+                         f"of the same model (lra.evaluate takes the model from the checkpoint unless the command names "
+                         f"model=...); give the model config it was trained with, or train from scratch (no init_from)")
+    if foreign:
+        print(f"[lra] {path} was trained on task {foreign}; its weights fit this run's task={task.name} and are loaded",
+              flush=True)
     model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
     if skipped:
         log.warning("%s: skipped %d checkpoint parameter(s) the model does not have: %s", path, len(skipped), skipped)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from lra.runtime.checkpoints import UnsafeCheckpoint, load_checkpoint_file
 from lra.runtime.results import compared_settings
 from lra.tasks.files import atomic_write_text, remove_partial_writes
 
@@ -116,11 +116,14 @@ def claim(run_dir: Path, cfg: DictConfig) -> None:
 
 def checkpoint_step(path: Path) -> int:
     """The ``global_step`` a checkpoint was saved at, read without loading its tensors (``mmap``; an old
-    non-zip file is loaded whole); raises when the file does not load."""
+    non-zip file is loaded whole) and with ``weights_only=True`` (:func:`lra.runtime.checkpoints.load_checkpoint_file`);
+    raises when the file does not load, :class:`lra.runtime.checkpoints.UnsafeCheckpoint` when it needs another type."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+        return load_checkpoint_file(path, mmap=True)["global_step"]
+    except UnsafeCheckpoint:
+        raise
     except Exception:
-        return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+        return load_checkpoint_file(path)["global_step"]
 
 
 def resume_checkpoint(run_dir: Path) -> tuple[Path | None, int | None]:
@@ -129,11 +132,15 @@ def resume_checkpoint(run_dir: Path) -> tuple[Path | None, int | None]:
     resumes from the same checkpoint as the original.
 
     A checkpoint that does not load (cut short by a full disk or a kill during an old, non-atomic write) is
-    named with the reason and renamed ``<name>.corrupt`` (rank 0; the other ranks only skip it)."""
+    named with the reason and renamed ``<name>.corrupt`` (rank 0; the other ranks only skip it). One that needs a type
+    no checkpoint of ``lra.train`` holds is not moved: the run stops on its :class:`lra.runtime.checkpoints.UnsafeCheckpoint`
+    (a file someone put there, to be looked at, not resumed around)."""
     found, loaded = checkpoints(run_dir), []
     for newest, path in enumerate(found):
         try:
             loaded.append((checkpoint_step(path), -newest, path))
+        except UnsafeCheckpoint:
+            raise
         except Exception as error:
             if rank_zero_only.rank == 0:
                 path.replace(path.with_name(path.name + ".corrupt"))
