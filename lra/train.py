@@ -43,6 +43,7 @@ from lra.runtime.allocator import retain_freed_memory
 from lra.runtime.checkpoints import load_transferred_weights
 from lra.runtime.config_checks import note_exact_landmarks, validate
 from lra.runtime.config_groups import check_command_line
+from lra.runtime.data_checks import DataChecks, note_lost_checkpoints
 from lra.runtime.unread_keys import explained
 from lra.runtime.gpu_setup import setup_gpu_run
 from lra.runtime.job import run_job
@@ -71,9 +72,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         load_transferred_weights(module.model, init_from, cfg.task)
     if cfg.get("finetune"):
         module.model = instantiate(cfg.finetune)(module.model)
-    trainer = build_trainer(cfg, run_dir, loggers)
+    checks = DataChecks(cfg.task.num_classes, cfg.task.vocab_size, cfg.accept_changed_data)  # before step 1
+    trainer = build_trainer(cfg, run_dir, loggers, [*(instantiate(node) for node in (cfg.callbacks or {}).values()), checks])
 
     resume_from, resumed_from_step = resume_checkpoint(run_dir)  # fit, then test
+    if resume_from is None:
+        note_lost_checkpoints(run_dir)
     reset_peak_memory()
     with recording_progress(trainer, module) as progress:  # a failed / interrupted record names the step and curve
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
@@ -93,6 +97,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "resumed_from_step": resumed_from_step,
         "val_curve": val_curve,
         "train_examples": len(datamodule.splits["train"]),
+        "data_fingerprint": getattr(datamodule, "data_fingerprint", None),  # lra.tasks.base.data_fingerprint
         **datamodule.shortcut_record(),
         **pretrained,
     }

@@ -5,6 +5,8 @@ what a re-run resumes from, how a run stops and what it leaves behind. Nothing h
 
 Starting a run
     ``config_groups``   every config-group choice on the command line exists (a typo is refused before any write)
+    ``start_checks``    before Hydra writes: keys nothing reads (``unread_keys``), a sweep without ``-m``, ``-m`` with
+                        ``hydra.run.dir``, a ``hydra.run.dir`` folder that no run of ``lra.train`` made
     ``config_checks``   the composed config's values checked before anything is built
     ``hydra_callbacks`` an unwritable output dir is named before Hydra's log fails; a sweep's unfinished jobs
     ``run_dir``         who may write into a run dir, and which checkpoint a re-run resumes from
@@ -26,6 +28,7 @@ Ending a run
     ``results``         ``results.json``, the one record reports and sweeps read; settings compared on resume;
                         the test accuracies and ``predictions.json``
     ``run_end``         how a run that does not complete ends: its record, ``error.log`` and one FAILED line
-    ``wandb_logger``, ``wandb_summary``  W&B's one-line banner; the run summary mirrors ``results.json``; the
-                        W&B run closed at the end of each job
+    ``wandb_logger``, ``wandb_summary``  W&B's one-line banner; one W&B run across resumes (``wandb_history``
+                        reads the offline parts); the run summary mirrors ``results.json``; the W&B run closed at the
+                        end of each job
 """

@@ -25,7 +25,8 @@ RECORD = "config_resolved.yaml"
 # Keys that cannot change what a run computes: where it logs and caches, how it reports progress.
 NEUTRAL = ("logger", "paths", "hydra", "tags", "group", "callbacks.progress", "callbacks.checkpoint.dirpath",
            "callbacks.last_checkpoint.dirpath", "task.datamodule.cache_dir", "task.datamodule.num_workers",
-           "trainer.log_every_n_steps", "trainer.enable_model_summary", "trainer.enable_progress_bar", "verbose")
+           "trainer.log_every_n_steps", "trainer.enable_model_summary", "trainer.enable_progress_bar", "verbose",
+           "accept_changed_data")
 
 
 class ResumeRefused(SystemExit):

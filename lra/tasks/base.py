@@ -107,6 +107,19 @@ def first_bad_example(data: TokenizedSplit, num_classes: int | None, vocab_size:
     return min(found) if found else None
 
 
+def data_fingerprint(splits: dict[str, TokenizedSplit]) -> str:
+    """SHA-256 (hex) of the splits' tensors (ids, lengths, labels, in split-name order): the data a run trained on,
+    whatever its files' names or times (a copy without its times has the same fingerprint, an edited line another).
+    About 1 GB/s: a fraction of a second for full ListOps."""
+    digest = hashlib.sha256()
+    for name in sorted(splits):
+        digest.update(name.encode())
+        for tensor in (splits[name].ids, splits[name].lengths, splits[name].labels):
+            digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+            digest.update(tensor.contiguous().numpy().data)
+    return digest.hexdigest()
+
+
 class SplitDataset(Dataset):
     def __init__(self, split: TokenizedSplit):
         self.split = split
@@ -159,6 +172,8 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
         self.num_workers = num_workers
         self.group_by_length = group_by_length
         self.splits: dict[str, TokenizedSplit] = {}
+        self.data_fingerprint: str | None = None  # of the loaded splits, set before training (lra.runtime.data_checks)
+        self.resumed_fingerprint: str | None = None  # that a resumed checkpoint recorded
 
     # --- to implement per task -------------------------------------------------------------
     @abc.abstractmethod
@@ -311,8 +326,11 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
     def state_dict(self) -> dict[str, Any]:
         """The random streams at checkpoint time, so a resumed run draws the same dropout masks as one that was
         never stopped (the train loader's position is saved by Lightning itself, see :class:`ResumableLoader`)."""
-        return {"rng": rng_states()}
+        return {"rng": rng_states(), **({"data_fingerprint": self.data_fingerprint} if self.data_fingerprint else {})}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The random streams, and the fingerprint of the data the checkpoint trained on (``resumed_fingerprint``:
+        :class:`lra.runtime.data_checks.DataChecks` compares it with this data's before training)."""
         if "rng" in state_dict:
             set_rng_states(state_dict["rng"])
+        self.resumed_fingerprint = state_dict.get("data_fingerprint")
