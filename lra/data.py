@@ -8,11 +8,17 @@ alone, one without it (an unpack killed part-way) is unpacked again. ``--tfds im
 prepares the TFDS versions instead (needs ``requirements-data.txt``), in the array_record format
 our readers use. ``--url NAME=URL`` fetches from a mirror (any URL urllib opens, ``file://`` too).
 The layouts are documented in ``data/README.md``.
+
+Every archive is checked before it is unpacked, whether this command fetched it (from the source or a mirror) or
+it was put in ``data/downloads/`` by hand: its size and checksum must be the published ones (:data:`SOURCES`,
+:func:`verify`). A mismatch deletes nothing, unpacks nothing and says what to do. The LRA release has no published
+checksum: its SHA-256 is printed and recorded in the ``.unpacked`` marker, to compare copies.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import tarfile
 import urllib.error
@@ -27,29 +33,42 @@ from lra import REPO_ROOT
 
 @dataclass(frozen=True)
 class Source:
-    """An archive at ``url`` that unpacks to ``data_dir/<unpacks_to>``."""
+    """An archive at ``url`` that unpacks to ``data_dir/<unpacks_to>``; ``size`` (bytes) and ``checksum``
+    (``"<hashlib algorithm>:<hex>"``) are the published archive's, None where none is published."""
 
     url: str
     archive: str
     unpacks_to: str
     about: str
+    size: int | None
+    checksum: str | None
 
 
 SOURCES = {
     "lra_release": Source("https://storage.googleapis.com/long-range-arena/lra_release.gz", "lra_release.gz",
-                          "lra_release", "LRA release: ListOps, Retrieval (AAN), Pathfinder, Path-X (~7.7 GB)"),
+                          "lra_release", "LRA release: ListOps, Retrieval (AAN), Pathfinder, Path-X (~7.7 GB)",
+                          # No size or checksum is published for lra_release.gz (not in google-research/long-range-arena
+                          # nor beside the file), and no dataset catalogue or repository we searched (2026-11-28)
+                          # records one: none is pinned here rather than one we could not trace to a source.
+                          None, None),
     "imdb": Source("https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", "aclImdb_v1.tar.gz",
-                   "aclImdb", "IMDB reviews for Text (~80 MB)"),
+                   "aclImdb", "IMDB reviews for Text (~80 MB)",
+                   # tensorflow/datasets, tensorflow_datasets/datasets/imdb_reviews/checksums.tsv (its MD5,
+                   # 7c2ac02c03563afcf9b574c7e56c153a, is the one torchtext and paddle check)
+                   84125825, "sha256:c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe"),
     "cifar10": Source("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "cifar-10-python.tar.gz",
-                      "cifar-10-batches-py", "CIFAR-10 python batches for Image (~170 MB)"),
+                      "cifar-10-batches-py", "CIFAR-10 python batches for Image (~170 MB)",
+                      # published beside the file, https://www.cs.toronto.edu/~kriz/cifar.html (MD5 only)
+                      170498071, "md5:c58f30108f718f92721af3b95e74349a"),
 }
 TFDS_NAMES = ("imdb_reviews", "cifar10")
 CHUNK = 1 << 20
 MARKER = ".unpacked"  # written into the unpacked folder after the last member: its absence means "incomplete"
 
 
-def fetch(url: str, target: Path) -> None:
-    """Stream ``url`` to ``target`` (through ``target.part``, so an interrupted download is never taken as done)."""
+def fetch(url: str, target: Path) -> Path:
+    """Stream ``url`` to ``target.part`` and return it (:func:`download` renames it to ``target`` once verified, so an
+    interrupted or unverified download is never taken as done)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     try:
@@ -65,14 +84,46 @@ def fetch(url: str, target: Path) -> None:
             f"could not fetch {url} ({error}); check the connection, pass --url NAME=<mirror URL>, "
             f"or put the archive at {target} yourself and run the command again"
         ) from error
-    partial.replace(target)
+    return partial
 
 
-def unpack(archive: Path, data_dir: Path, expected: str) -> Path:
+def file_checksum(path: Path, algorithm: str) -> str:
+    """The hex digest of ``path`` by ``hashlib`` ``algorithm``, read in :data:`CHUNK` pieces."""
+    digest = hashlib.new(algorithm)
+    with path.open("rb") as handle, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                         desc=f"checking {path.name}", mininterval=2) as progress:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            progress.update(len(chunk))
+    return digest.hexdigest()
+
+
+def verify(name: str, path: Path, fix: str) -> str:
+    """Check ``path`` against source ``name``'s published size and checksum (the size first: it costs nothing); return
+    the checksum that was checked, ``"<algorithm>:<hex>"`` (SHA-256 where none is published). A mismatch raises a
+    ``RuntimeError`` naming the file, both values and ``fix`` (what to do); the file is left as it is."""
+    source = SOURCES[name]
+    size = path.stat().st_size
+    if source.size is not None and size != source.size:
+        raise RuntimeError(f"{name}: {path} is not the published {source.archive}: {size} bytes, the published archive "
+                           f"has {source.size}. Nothing was unpacked or deleted. {fix}")
+    algorithm, expected = source.checksum.split(":") if source.checksum else ("sha256", None)
+    found = file_checksum(path, algorithm)
+    if expected is None:
+        print(f"{name}: no checksum is published for {source.archive}; its SHA-256 is {found} ({size} bytes), "
+              f"recorded in the unpacked folder's {MARKER} to compare copies")
+    elif found != expected:
+        raise RuntimeError(f"{name}: {path} is not the published {source.archive}: its {algorithm.upper()} is {found}, "
+                           f"the published one {expected}. Nothing was unpacked or deleted. {fix}")
+    return f"{algorithm}:{found}"
+
+
+def unpack(archive: Path, data_dir: Path, expected: str, checksum: str = "") -> Path:
     """Extract the tar ``archive`` (any compression) into ``data_dir``; it must create ``data_dir/expected``.
 
     ``data_dir/expected/.unpacked`` (:data:`MARKER`) is written only once every member is out, so an unpack
-    that was killed part-way is recognised by its missing marker and redone (members are overwritten)."""
+    that was killed part-way is recognised by its missing marker and redone (members are overwritten); it records
+    the archive's name, size, member count and ``checksum`` (:func:`verify`'s)."""
     (data_dir / expected / MARKER).unlink(missing_ok=True)
     count = 0
     try:
@@ -87,7 +138,7 @@ def unpack(archive: Path, data_dir: Path, expected: str) -> Path:
         ) from error
     if not (data_dir / expected).is_dir():
         raise RuntimeError(f"{archive} did not unpack to {data_dir / expected}; is it the right archive?")
-    (data_dir / expected / MARKER).write_text(f"{archive.name}\t{archive.stat().st_size}\t{count} files\n")
+    (data_dir / expected / MARKER).write_text(f"{archive.name}\t{archive.stat().st_size}\t{count} files\t{checksum}\n")
     return data_dir / expected
 
 
@@ -110,10 +161,16 @@ def download(name: str, data_dir: Path, url: str | None = None) -> Path:
                 f"or, if you copied a complete folder in yourself, accept it with 'touch {folder / MARKER}'"
             )
         print(f"{name}: {folder} has no {MARKER} marker: its unpack did not finish; unpacking {archive} again")
-    if not archive.exists():
+    if archive.exists():  # fetched before, or put there by hand: checked all the same
+        checksum = verify(name, archive, f"Delete or move it and run the command again to fetch {source.url}, or put "
+                                         f"the published archive there")
+    else:
         print(f"{name}: fetching {source.about}")
-        fetch(url or source.url, archive)
-    unpack(archive, data_dir, source.unpacks_to)
+        partial = fetch(url or source.url, archive)
+        checksum = verify(name, partial, f"The download is kept as {partial} to inspect: fetch it again (it may have "
+                                         f"been cut short) or from another mirror (--url {name}=<URL>)")
+        partial.replace(archive)
+    unpack(archive, data_dir, source.unpacks_to, checksum)
     print(f"{name}: ready in {folder}")
     return folder
 
@@ -156,7 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     urls = parse_urls(args.url)
     names = args.names or ([] if args.tfds else list(SOURCES))
     for name in names:
-        download(name, args.data_dir, urls.get(name))
+        try:
+            download(name, args.data_dir, urls.get(name))
+        except RuntimeError as error:  # one line: the file, what is wrong, what to do
+            raise SystemExit(f"[lra] FAILED: {error}") from None
         if args.delete_archives:
             (args.data_dir / "downloads" / SOURCES[name].archive).unlink(missing_ok=True)
     if args.delete_archives and (args.data_dir / "downloads").is_dir() and not any((args.data_dir / "downloads").iterdir()):

@@ -8,7 +8,8 @@ token, so every image has length 1024 and the mask comes from lengths, never fro
 Splits: train = the first 90% of CIFAR-10 train (45k), val = the last 10% (5k), test = test (10k).
 Sources (``source``): ``pickle`` reads the standard ``cifar-10-batches-py`` (``data_batch_1..5``,
 ``test_batch``); ``tfds`` reads TFDS ``cifar10`` (array_record); ``auto`` takes the pickles when
-``data_dir`` exists, else TFDS when it is prepared.
+``data_dir`` exists, else TFDS when it is prepared. The pickles are read by :class:`BatchUnpickler`, which builds
+only what the format holds (dicts, lists, bytes, numbers and uint8 numpy arrays), so a batch file cannot run code.
 """
 
 from __future__ import annotations
@@ -35,6 +36,26 @@ def grayscale(rgb: np.ndarray) -> np.ndarray:
     return ((weighted + 5000) // 10000).astype(np.uint8)
 
 
+# The globals a CIFAR-10 python batch names: numpy's array constructor (under numpy 1's module name in the released
+# files, numpy 2's in a batch written today), the array class and the dtype. Nothing else is looked up.
+RECONSTRUCT = np.zeros(0).__reduce__()[0]
+BATCH_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): RECONSTRUCT,
+                 ("numpy._core.multiarray", "_reconstruct"): RECONSTRUCT,
+                 ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only :data:`BATCH_GLOBALS`: any other name (a payload's ``os.system``)
+    raises ``UnpicklingError`` when the unpickler meets it, before it is called."""
+
+    def find_class(self, module: str, name: str):
+        try:
+            return BATCH_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which no CIFAR-10 batch holds (refused unloaded, as "
+                                         f"unpickling it could run code)") from None
+
+
 def read_pickles(root: Path, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Pixels uint8 ``(N, 1024)`` and labels ``(N,)`` of ``cifar-10-batches-py`` batch files, in file order."""
     pixels, labels = [], []
@@ -42,7 +63,7 @@ def read_pickles(root: Path, names: tuple[str, ...]) -> tuple[np.ndarray, np.nda
         path = root / name
         try:
             with path.open("rb") as handle:
-                batch = pickle.load(handle, encoding="bytes")
+                batch = BatchUnpickler(handle, encoding="bytes").load()
             data = np.asarray(batch[b"data"], dtype=np.uint8)
             batch_labels = np.asarray(batch[b"labels"], dtype=np.int64)
         except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from lra.tasks.base import collate
-from lra.tasks.image import ImageDataModule, grayscale
+from lra.tasks.image import ImageDataModule, grayscale, read_pickles
 
 PER_BATCH = 4  # images per data_batch_<i> file: 20 train, 4 test
 
@@ -88,6 +89,34 @@ def test_errors_name_the_file_and_the_fix(tmp_path, cifar):
         module(root).load_split("test")
     with pytest.raises(ValueError, match="task.max_length=512"):
         ImageDataModule(data_dir=str(cifar[0]), max_length=512, batch_size=4, cache_dir=None)
+
+
+class RunsACommand:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_batch_that_names_anything_but_arrays_is_refused_unloaded(tmp_path):
+    root = tmp_path / "cifar"
+    written = write_cifar(root)
+    marker = tmp_path / "MARKER"
+    images, labels = written["test_batch"]
+    rows = images.transpose(0, 3, 1, 2).reshape(PER_BATCH, 3072)
+    with (root / "test_batch").open("wb") as handle:
+        pickle.dump({b"data": rows, b"labels": labels, b"note": RunsACommand(marker)}, handle)
+    with pytest.raises(ValueError, match=rf"{root / 'test_batch'} is not a CIFAR-10 python batch \(UnpicklingError: it "
+                                         rf"names posix.system, which no CIFAR-10 batch holds \(refused unloaded"):
+        module(root).load_split("test")
+    assert not marker.exists()
+    # numpy 1's module name, as in the released batches (protocol 3 writes it as text): read as before
+    legacy = pickle.dumps({b"data": rows, b"labels": labels}, protocol=3)
+    assert b"numpy._core.multiarray\n" in legacy
+    (root / "test_batch").write_bytes(legacy.replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n"))
+    pixels, read_labels = read_pickles(root, ("test_batch",))
+    assert read_labels.tolist() == labels and pixels[0, 0] == 0
 
 
 @pytest.mark.slow
