@@ -41,7 +41,7 @@ from lra.pretrain import pretrain_stage
 from lra.pretrain import validate as validate_pretrain
 from lra.runtime.allocator import retain_freed_memory
 from lra.runtime.checkpoints import load_transferred_weights
-from lra.runtime.config_checks import note_exact_landmarks, validate
+from lra.runtime.config_checks import note_exact_landmarks, note_short_warmup, validate
 from lra.runtime.config_groups import check_command_line
 from lra.runtime.data_checks import DataChecks, note_lost_checkpoints
 from lra.runtime.unread_keys import explained
@@ -58,6 +58,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate(cfg)  # compose: the composed config's values, checked before anything is built
     validate_pretrain(cfg)
     note_exact_landmarks(cfg)
+    note_short_warmup(cfg)
     retain_freed_memory()
     setup_gpu_run(cfg)  # TF32 float32 products on a GPU (lra/runtime/gpu_setup.py)
 

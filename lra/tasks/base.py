@@ -272,6 +272,13 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
                 "the data is incomplete or truncated: re-download or regenerate it (see data/README.md), "
                 "or point task.data_dir at a complete copy"
             )
+        classes = torch.unique(data.labels)
+        if split == "train" and len(classes) < 2:
+            raise ValueError(
+                f"{self.split_source(split)}: every one of the {len(data)} training examples has label "
+                f"{int(classes[0])}: a classifier trained on one class learns nothing; a class of the data is missing "
+                "(a folder or file not copied?): re-download or regenerate it (see data/README.md), or point "
+                "task.data_dir at a complete copy")
         found = [first_bad_example(data, self.num_classes, self.vocab_size), self.first_bad_task_example(data)]
         bad = min((item for item in found if item is not None), default=None)
         if bad is not None:

@@ -208,9 +208,12 @@ def example_problem(ids: list[int], source: str) -> str | None:
 
 
 def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
-    """Parse an official ListOps TSV; a malformed or non-UTF-8 line, a token outside the vocabulary or a source
-    without an operator (:func:`example_problem`) raises with ``file:line``; blank lines are skipped and counted
+    """Parse an official ListOps TSV; a malformed or non-UTF-8 line, a token outside the vocabulary, a source
+    without an operator (:func:`example_problem`), brackets that are not one tree or a target that is not the tree's
+    value (:func:`lra.tasks.listops_check.tree_value`) raises with ``file:line``; blank lines are skipped and counted
     in a warning."""
+    from lra.tasks.listops_check import tree_value  # it reads this module's vocabulary
+
     sequences, labels, blank = [], [], []
     if path.stat().st_size == 0:
         raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found an empty file")
@@ -231,16 +234,22 @@ def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
                 continue
             fields = line.split("\t")
             if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
+                found = f"the target {fields[1]!r}" if len(fields) == 2 else repr(line[:80])  # the whole target
                 raise ValueError(
-                    f"{path}:{number}: expected 'Source<TAB>Target' with a target digit 0-9, found {line[:80]!r}; "
+                    f"{path}:{number}: expected 'Source<TAB>Target' with a target digit 0-9, found {found}; "
                     "regenerate the file with 'python -m lra.tasks.listops generate' or re-download the LRA release"
                 )
             ids = tokenize(fields[0])
             problem = example_problem(ids, fields[0])
-            if problem:
-                raise ValueError(f"{path}:{number}: not a ListOps example: {problem}, found {line[:80]!r}; the file is "
-                                 "not ListOps data: regenerate it with 'python -m lra.tasks.listops generate' or "
-                                 "re-download the LRA release (see data/README.md)")
+            value = tree_value(ids) if problem is None else None
+            if problem or isinstance(value, str):
+                raise ValueError(f"{path}:{number}: not a ListOps example: {problem or value}, found {line[:80]!r}; "
+                                 "the file is not ListOps data: regenerate it with 'python -m lra.tasks.listops "
+                                 "generate' or re-download the LRA release (see data/README.md)")
+            if value != int(fields[1]):
+                raise ValueError(f"{path}:{number}: the target {fields[1].strip()} is not the value of its expression "
+                                 f"({value}): the file is damaged or its labels are not ListOps': regenerate it with "
+                                 "'python -m lra.tasks.listops generate' or re-download the LRA release")
             sequences.append(ids)
             labels.append(int(fields[1]))
     if blank:

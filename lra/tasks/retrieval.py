@@ -37,12 +37,13 @@ def read_tsv(path: Path, max_length: int) -> tuple[list[tuple[np.ndarray, np.nda
                     "('python -m lra.data download lra_release', see data/README.md)"
                 )
             try:
-                label = int(float(fields[0]))
+                value = float(fields[0])
             except ValueError:
-                label = -1
+                value = -1.0
+            label = int(value) if value in (0.0, 1.0) else -1  # 0.5 is no label (int() would read it as 0)
             if label not in (0, 1):
                 raise ValueError(
-                    f"{path}:{number}: the label column must be 0 or 1 (as '0.0'/'1.0'), found {fields[0][:20]!r}; "
+                    f"{path}:{number}: the label column must be 0 or 1 (as '0.0'/'1.0'), found {fields[0].decode(errors='replace')!r}; "
                     "re-download the LRA release (see data/README.md)"
                 )
             if not fields[3].strip() or not fields[4].strip():

@@ -71,3 +71,15 @@ def test_a_resume_checks_its_data_its_best_checkpoint_and_says_when_it_restarts(
     assert restarted.returncode == 0, restarted.stderr[-2000:]
     assert f"{run_dir} holds a run interrupted at step 3, but no checkpoint" in restarted.stdout
     assert "training from step 0" in restarted.stdout
+
+
+def test_num_workers_below_zero_is_named_and_a_warmup_cut_to_the_run_is_noted(capsys):
+    from lra.runtime.config_checks import note_short_warmup, validate
+    from tests.conftest import compose_config
+
+    with pytest.raises(ValueError, match=r"^task.datamodule.num_workers must be an integer >= 0 \(got -1\)"):
+        validate(compose_config(["task.datamodule.num_workers=-1"]))
+    note_short_warmup(compose_config(["trainer.max_steps=50"]))  # listops_small warms up over 100 steps
+    assert "[lra] note: task.warmup_steps=100 >= trainer.max_steps=50: the warmup is cut" in capsys.readouterr().out
+    note_short_warmup(compose_config(["trainer.max_steps=500"]))
+    assert capsys.readouterr().out == ""

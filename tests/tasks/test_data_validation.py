@@ -39,6 +39,10 @@ def test_first_bad_example_names_the_first_of_each_kind():
     ("some English\t3", "'some' is not a ListOps token"),
     ("( ( 3 ) )\t3", "no operator"),
     ("[MAX 2 9 ]\t12", "target digit 0-9"),
+    ("[MAX 2 9 ]\t5.0", r"found the target '5\.0'"),  # quoted whole, not cut at 80 characters of the line
+    ("[MAX 2 [MIN 9 4 ]\t4", r"1 operator\(s\) not closed by '\]'"),
+    ("[MAX 2 9 ] ]\t9", "the tree ends at token 4 of 5: more follows it"),
+    ("[MAX 2 [MED 1 2 3 8 ] ]\t3", r"the target 3 is not the value of its expression \(2\)"),
 ])
 def test_a_listops_line_that_is_not_listops_is_named_by_file_and_line(tmp_path, line, problem):
     path = tmp_path / "basic_train.tsv"
@@ -114,3 +118,23 @@ def test_a_cached_example_without_an_operator_is_named_by_its_line(tiny_listops,
     with pytest.raises(ValueError, match=r"basic_test.tsv:5: not a listops example: no operator"):
         listops.ListOpsDataModule(data_dir=str(tiny_listops), max_length=60, batch_size=4,
                                   cache_dir=str(tmp_path)).setup()
+
+
+def test_a_retrieval_label_that_is_not_exactly_0_or_1_is_named(tmp_path):
+    """``0.5`` is no label (``int(float('0.5'))`` read it as 0); ``1.0`` is one."""
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("1.0\ta\tb\tone\ttwo\n0.5\ta\tc\tthree\tfour\n")
+    with pytest.raises(ValueError, match=rf"^{pairs}:2: the label column must be 0 or 1 .*found '0\.5'"):
+        retrieval.read_tsv(pairs, 100)
+
+
+def test_training_data_of_one_class_is_refused(tmp_path):
+    """aclImdb without its neg/ folder: every training example is positive; refused naming where it was read."""
+    (tmp_path / "aclImdb" / "train" / "pos").mkdir(parents=True)
+    (tmp_path / "aclImdb" / "test").mkdir()
+    for index in range(3):
+        (tmp_path / "aclImdb" / "train" / "pos" / f"{index}_8.txt").write_text("a fine film")
+    data = text.TextDataModule(data_dir=str(tmp_path / "aclImdb"), max_length=50, batch_size=2, cache_dir=None,
+                               source="folder", val_split=None)
+    with pytest.raises(ValueError, match=r"train/\{neg,pos\}/\*\.txt: every one of the 3 training examples has label 1"):
+        data.load_split("train")
