@@ -42,7 +42,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from attention import paths
+from attention import impl, paths
 from attention.cur import CURAttention, _with_rows
 from attention.pinv import iterative_pinv
 from kernels.common.precision import autocast_off
@@ -83,11 +83,13 @@ def check_device(q: torch.Tensor) -> None:
     raise RuntimeError(f"attention=flashcur needs CUDA tensors or the Triton interpreter; got {q.device} tensors: {hint}")
 
 
-def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwrite_rows=True, pinv_init="per_head"):
+def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwrite_rows=True, pinv_init="per_head",
+                       pinv_form=None):
     """CUR attention through the fused kernels -> ``(B, H, n, d)`` in ``q``'s dtype.
 
     Same contract as :func:`attention.cur.cur_attention` with the softmax score: ``q, k, v``
-    ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)``, ``index_q, index_k`` long ``(B, H, m)``.
+    ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)``, ``index_q, index_k`` long ``(B, H, m)``; ``pinv_form``: the
+    pseudo-inverse's form (:func:`attention.pinv.iterative_pinv`; None: its default for the device).
     """
     check_device(q)
     if not q.dtype == k.dtype == v.dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -114,7 +116,7 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
         eye = paths.identity(size, torch.float32, q.device)
         u = torch.where(valid_q[..., None], ops.u_forward(q_sel, k_sel, valid_k), eye)  # identity rows on invalid slots
         # U⁺, (B, H, M, M): the fused kernels keep one iterate a step for their backward, the PyTorch form recomputes
-        pinv = iterative_pinv(u, pinv_iters, pinv_init, recompute=True)
+        pinv = iterative_pinv(u, pinv_iters, pinv_init, recompute=True, form=pinv_form)
         w, rv = paths.product_and_rows(pinv, rv)  # U⁺ RV, (B, H, M, d)
     slot = torch.full((batch, heads, n), -1, dtype=torch.int32, device=q.device)
     if overwrite_rows:
@@ -129,6 +131,8 @@ class FlashCURAttention(CURAttention):
     Same arguments and defaults as :class:`attention.cur.CURAttention` minus ``score`` (softmax only).
     Raises at construction when neither CUDA nor ``TRITON_INTERPRET=1`` is available.
     """
+
+    impl_family = "flashcur"
 
     def __init__(
         self,
@@ -161,7 +165,8 @@ class FlashCURAttention(CURAttention):
             _padded_size(self.num_landmarks)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        index_q, index_k = self.select(q, k, key_mask)
+        forms = impl.forms_for(self, q)  # attention.impl (family flashcur): refused where Triton cannot run
+        index_q, index_k = self.select(q, k, key_mask, forms.selection)
         return flashcur_attention(
-            q, k, v, key_mask, index_q, index_k, self.pinv_iters, self.overwrite_rows, self.pinv_init
+            q, k, v, key_mask, index_q, index_k, self.pinv_iters, self.overwrite_rows, self.pinv_init, forms.pinv
         )

@@ -10,7 +10,8 @@ with ``S_ij = −λ‖q_i − k_j‖₁/√d`` and ``dS`` the softmax backward o
 Decisions: computed in float32 with autocast disabled (float64 stays float64), output cast back to
 the input dtype. On CPU, :class:`kernels.l1.cpu.L1AttentionFunction`: compiled kernels for the
 distance and the sign contraction, flash-style query chunks, memory O(B·H·chunk·n) beyond the
-inputs (never the n×n matrix), attention dropout inside the function. On CUDA, the fused Triton
+inputs (never the n×n matrix), attention dropout inside the function (``attention.impl=cpu``, ``auto``'s choice on
+CPU tensors; :mod:`attention.impl`). On CUDA (``triton``), the fused Triton
 kernels of :mod:`kernels.l1` (online softmax, nothing n×n stored) whenever attention dropout is
 off (evaluation, or ``attention.dropout=0``); they have no dropout, so training with dropout on CUDA
 takes the PyTorch path of :class:`attention.scores.L1Score` (``cdist`` forward, query-chunked backward, the
@@ -27,6 +28,7 @@ import warnings
 import torch
 from torch import nn
 
+from attention import impl
 from attention.config_checks import check_dropout
 from attention.scores import L1Score
 from kernels.l1.cpu import L1AttentionFunction, uses_kernel
@@ -47,16 +49,20 @@ def warn_unfused_training() -> None:
 class L1Attention(nn.Module):
     """Exact attention with the L1 score; ``dropout`` on the weights during training (as softmax)."""
 
+    impl_family = "l1"
+
     def __init__(self, num_heads: int, head_dim: int, lam: float = 1.0, dropout: float = 0.0):
         super().__init__()
         check_dropout(dropout)
+        self.impl = "auto"  # attention.impl, set by attention.impl.configure
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.score = L1Score(lam)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        if uses_kernel(q):
+        forms = impl.forms_for(self, q)  # attention.impl (family l1): cpu, triton or pytorch
+        if forms.attention == "cpu" and uses_kernel(q):  # eager; compiled code runs the PyTorch form
             p = self.dropout.p if self.training else 0.0
             seed = int(torch.randint(1 << 62, ())) if p > 0 else 0  # from the global RNG: seeded runs repeat
             dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -65,9 +71,9 @@ class L1Attention(nn.Module):
                                                 seed)
             return out.to(v.dtype)
         dropout_on = self.training and self.dropout.p > 0
-        if q.is_cuda and not dropout_on:
+        if forms.attention == "triton" and not dropout_on:
             return flash_l1_attention(q, k, v, key_mask, self.score.lam)
-        if q.is_cuda:
+        if forms.attention == "triton":
             warn_unfused_training()
         return self.materialised(q, k, v, key_mask)
 

@@ -2,7 +2,7 @@
 
 The segment means of :func:`attention.nystrom.segment_means` (same segments, same decisions) of ``Q`` and ``K``
 at once, with what the rest of the fused Nyström needs from them: each segment's additive mask as a key (0, or
-:data:`attention.paths.MASKED` for an empty one) and its validity. :func:`landmark_means` picks the form: the
+:data:`attention.paths.MASKED` for an empty one) and its validity. :func:`landmark_means` runs the form :mod:`attention.impl` gives it: the
 Triton kernels of :mod:`kernels.segment_means` as the custom operators ``lra_nystrom::*`` of
 :mod:`kernels.segment_means.ops` (one launch forward, one backward; q, k in float32, bf16 or fp16, the means in float32,
 the token gradients in the inputs' dtype) where :func:`kernels.segment_means.ops.takes` the inputs (CUDA tensors, or CPU
@@ -24,7 +24,7 @@ Tensor = torch.Tensor
 
 def fused_segment_means(x: torch.Tensor, key_mask: torch.Tensor, key_bias: torch.Tensor,
                         m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attention.nystrom.segment_means` in the fused forms (:mod:`attention.paths`): the same landmarks ``(B, H, m, d)`` and
+    """:func:`attention.nystrom.segment_means` in the ``fused`` form (:mod:`attention.impl`): the same landmarks ``(B, H, m, d)`` and
     validity ``(B, m)``, the means as one fused attention call: attention with equal scores (``scale = 0``) over the
     keys its mask lets through is their mean, so ``SDPA(·, x, x, scale=0, mask = the segment's real tokens)``
     averages each segment (its gradient spreads ``dX̃_s / count_s`` over the segment's tokens). ``key_bias``: the
@@ -42,11 +42,11 @@ def fused_segment_means(x: torch.Tensor, key_mask: torch.Tensor, key_bias: torch
     return means, members.any(-1)
 
 
-def landmark_means(q: Tensor, k: Tensor, key_mask: Tensor, m: int):
+def landmark_means(q: Tensor, k: Tensor, key_mask: Tensor, m: int, form: str = "triton"):
     """``(Q̃, K̃, slot mask (B, H or 1, 1, m), valid (B, H or 1, m))`` of ``q, k`` ``(B, H, n, d)`` in ``m`` segments:
-    the kernels where they run and take the shape (:func:`kernels.segment_means.ops.takes`), else :func:`fused_segment_means` (with ``key_mask``'s additive
-    mask, made only then)."""
-    if ops.takes(q, k, m):
+    in ``form`` ``triton`` the kernels where they run and take the shape (:func:`kernels.segment_means.ops.takes`), else
+    (and in ``form`` ``pytorch``) :func:`fused_segment_means` (with ``key_mask``'s additive mask, made only then)."""
+    if form == "triton" and ops.takes(q, k, m):
         q_land, k_land, _, slots, valid, _ = ops.segment_means(q, k, key_mask, m, paths.MASKED)
         return q_land, k_land, slots.detach()[:, :, None, :], valid  # a mask: no gradient flows into it
     key_bias = paths.masking_bias(key_mask, q.dtype)[:, None, None, :]  # (B, 1, 1, n)

@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from attention import impl
 from attention.cur import CURAttention, cur_attention
 from attention.scores import masked_softmax
 
@@ -111,10 +112,12 @@ class CUR(CURAttention):
         super().__init__(num_heads=1, head_dim=None, **knobs)
 
     def forward(self, q, k, v, key_mask, score: RelativeBiasScore) -> torch.Tensor:
-        index_q, index_k = self.select(q, k, key_mask)
+        forms = impl.forms_for(self, q)  # attention.impl (family cur) on this device and dtype
+        index_q, index_k = self.select(q, k, key_mask, forms.selection)
         sequence_score = functools.partial(score, n_real=key_mask.sum(-1))
         return cur_attention(
-            q, k, v, key_mask, index_q, index_k, sequence_score, self.pinv_iters, self.overwrite_rows, self.pinv_init
+            q, k, v, key_mask, index_q, index_k, sequence_score, self.pinv_iters, self.overwrite_rows, self.pinv_init,
+            forms,
         )
 
 

@@ -27,7 +27,7 @@ and ``pinv`` run in float32 with autocast disabled (float64 stays float64); ``pi
 scale of ``pinv``'s start (``per_head``, eq. 16 as written, or ``global``, the public code's;
 :mod:`attention.pinv`). Cost O(nmd + m³) time, O(nm) memory. Default m = 64 (the paper's LRA
 numbers use 128/256). On other devices than the CPU (CUDA; ``meta``) the same maths runs in the fused forms
-(:mod:`attention.paths`, :meth:`NystromAttention.fused_forward`): the landmarks one Triton kernel
+(``attention.impl=fused``, :meth:`NystromAttention.fused_forward`): the landmarks one Triton kernel
 (:mod:`attention.landmark_means`), ``k3 V`` and ``k1 W`` batched GEMMs split over ``n`` in the inputs' dtype
 (:mod:`attention.landmark_stages`), the conv one depthwise convolution.
 """
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import landmark_stages, paths
+from attention import impl, landmark_stages
 from attention.landmark_means import landmark_means
 from kernels.seqconv import cpu as seqconv
 from attention.config_checks import check_positive_int
@@ -49,8 +49,10 @@ from kernels.common.precision import autocast_off
 from attention.scores import SoftmaxScore
 
 
-def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask-aware segment means of ``x`` ``(B, H, n, d)`` -> landmarks ``(B, H, m, d)`` and validity ``(B, m)``."""
+def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int,
+                  kernel: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask-aware segment means of ``x`` ``(B, H, n, d)`` -> landmarks ``(B, H, m, d)`` and validity ``(B, m)``; the
+    sums by the C++ kernel where ``kernel`` (the ``cpu`` form) and it takes ``x``, else ``scatter_add``."""
     batch, heads, n, d = x.shape
     rank = key_mask.long().cumsum(-1) - 1  # (B, n): rank among real tokens
     n_real = key_mask.sum(-1, keepdim=True).clamp_min(1)  # (B, 1)
@@ -58,7 +60,7 @@ def segment_means(x: torch.Tensor, key_mask: torch.Tensor, m: int) -> tuple[torc
     counts = torch.zeros(batch, m + 1, dtype=x.dtype, device=x.device).scatter_add_(
         1, segment, torch.ones_like(segment, dtype=x.dtype)
     )[:, :m]
-    if seqconv.uses_kernel(x):  # one pass over x's rows, in any layout
+    if kernel and seqconv.uses_kernel(x):  # one pass over x's rows, in any layout
         sums = seqconv.SegmentSums.apply(x, segment, m)
         return sums / counts.clamp_min(1)[:, None, :, None], counts > 0
     # sums over rows of x's memory, whichever layout it has (no copy): B·n rows of H·d values for the model's
@@ -178,12 +180,13 @@ class SequenceConv(nn.Module):
         return torch.where(band, self.weight[:, 0, shift.clamp(0, self.kernel_size - 1)], 0.0).to(dtype)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None, base: torch.Tensor | None = None,
-                overwrite_base: bool = False):
+                overwrite_base: bool = False, kernel: bool = True):
         """``base + conv(x ⊙ key_mask)`` ``(B, H, n, d)`` for ``x`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` or
         None (all real), ``base`` ``(B, H, n, d)`` or None (0): the mask and the sum are folded into the copies
         the banded products make anyway. ``overwrite_base``: the caller's scratch ``base`` may hold the result
-        (the CPU kernel writes it in place when autograd records nothing: no sequence-sized allocation)."""
-        if seqconv.uses_kernel(x) and (base is None or base.stride(-1) == 1):  # CPU: the mask is read for free
+        (the CPU kernel writes it in place when autograd records nothing: no sequence-sized allocation). ``kernel``:
+        the C++ kernels where they take ``x`` (the ``cpu`` form), else the banded products."""
+        if kernel and seqconv.uses_kernel(x) and (base is None or base.stride(-1) == 1):  # CPU: mask read for free
             mask = None if key_mask is None or bool(key_mask.all()) else key_mask.to(x.dtype).contiguous()
             weight = self.weight[:, 0, :].to(x.dtype)
             if overwrite_base and base is not None and not torch.is_grad_enabled():
@@ -193,7 +196,7 @@ class SequenceConv(nn.Module):
         return _BandedProduct.apply(x, self.toeplitz(x.dtype), mask, base)
 
     def fused(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """``conv(x ⊙ key_mask)`` ``(B, H, n, d)`` in the fused forms (:mod:`attention.paths`): one depthwise
+        """``conv(x ⊙ key_mask)`` ``(B, H, n, d)`` in the ``fused`` form (:mod:`attention.impl`): one depthwise
         ``F.conv2d`` over ``(B, H, n, d)`` as channels ``H`` of an ``n × d`` image with a ``K × 1`` kernel per channel
         (cuDNN's depthwise kernel on a GPU), after one masking product."""
         masked = key_mask[:, None, :, None] * x  # mask first: the product is contiguous, as the convolution wants it
@@ -211,13 +214,17 @@ class SequenceConv(nn.Module):
 
 
 class NystromAttention(nn.Module):
-    """Drop-in Nyström attention with ``num_landmarks`` segment-mean landmarks (see module doc)."""
+    """Drop-in Nyström attention with ``num_landmarks`` segment-mean landmarks (see module doc), in the forms of
+    ``attention.impl`` (family ``nystrom``: :mod:`attention.impl`)."""
+
+    impl_family = "nystrom"
 
     def __init__(self, num_heads: int, head_dim: int, num_landmarks: int = 64, pinv_iters: int = 6,
                  conv_kernel_size: int | None = 35, pinv_init: str = "per_head"):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
+        self.impl = "auto"  # attention.impl, set by attention.impl.configure
         self.num_landmarks = check_positive_int(num_landmarks, "num_landmarks")
         self.pinv_iters = check_positive_int(pinv_iters, "pinv_iters")
         self.pinv_init = check_pinv_init(pinv_init)
@@ -232,25 +239,28 @@ class NystromAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         out_dtype = v.dtype
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        forms = impl.forms_for(self, q)  # attention.impl (family nystrom) on this device and dtype
         with autocast_off(q.device.type):
-            if paths.fused(q):  # n-sized stages in the inputs' dtype
-                return self.fused_forward(q, k, v.to(q.dtype), key_mask).to(out_dtype)
+            if forms.attention == "fused":  # n-sized stages in the inputs' dtype
+                return self.fused_forward(q, k, v.to(q.dtype), key_mask, forms).to(out_dtype)
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             m = min(self.num_landmarks, q.shape[2])
-            q_land, valid = segment_means(q, key_mask, m)  # (B, H, m, d), (B, m)
-            k_land, _ = segment_means(k, key_mask, m)
+            kernel = forms.landmarks == "cpu"
+            q_land, valid = segment_means(q, key_mask, m, kernel)  # (B, H, m, d), (B, m)
+            k_land, _ = segment_means(k, key_mask, m, kernel)
             valid_keys = valid[:, None, None, :]
             eye = torch.eye(m, dtype=dtype, device=q.device)  # k2's rows on empty segments
             k2 = torch.where(valid[:, None, :, None], self.score(q_land, k_land, valid_keys), eye)  # (B, H, m, m)
             k3v = self.score.attend(q_land, k, key_mask[:, None, None, :], v)  # k3 V, (B, H, m, d)
-            w = iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ k3v  # (B, H, m, d)
+            w = iterative_pinv(k2, self.pinv_iters, self.pinv_init, form=forms.pinv) @ k3v  # (B, H, m, d)
             y = self.score.attend(q, k_land, valid_keys, w)  # k1 (pinv(k2) k3 V), (B, H, n, d)
             if self.conv is not None:
-                y = self.conv(v, key_mask, y, overwrite_base=True)  # y + conv(V with pad rows zeroed)
+                y = self.conv(v, key_mask, y, overwrite_base=True, kernel=kernel)  # y + conv(V, pad rows zeroed)
         return y.to(out_dtype)
 
-    def fused_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """The forward in the fused forms (:mod:`attention.paths`) ``(B, H, n, d)``, in the inputs' dtype (bf16 under
+    def fused_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                      forms: impl.Forms) -> torch.Tensor:
+        """The forward in the ``fused`` form (:mod:`attention.impl`) ``(B, H, n, d)``, in the inputs' dtype (bf16 under
         autocast) where the data is ``n``-sized and float32 where it is ``m``-sized: the landmarks of ``Q`` and ``K``
         by one operator (:func:`attention.landmark_means.landmark_means`), ``k3 V`` and ``k1 W`` as batched GEMMs
         split over ``n`` (:mod:`attention.landmark_stages`), ``k2`` and its pseudo-inverse in float32 (rows of empty
@@ -259,10 +269,10 @@ class NystromAttention(nn.Module):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         m = min(self.num_landmarks, q.shape[2])
         # (B, H, m, d) each, float32 from the kernels; the validity of the m landmarks (B, H or 1, m)
-        q_land, k_land, _, valid = landmark_means(q, k, key_mask, m)
+        q_land, k_land, _, valid = landmark_means(q, k, key_mask, m, forms.landmarks)
         k2 = landmark_stages.core_weights(q_land, k_land, valid, valid)  # (B, H, m, m) float32
         k3v = landmark_stages.rows_attention(q_land.to(q.dtype), k, v, key_mask)  # (B, H, m, d) float32
-        w = iterative_pinv(k2, self.pinv_iters, self.pinv_init) @ k3v  # (B, H, m, d) float32
+        w = iterative_pinv(k2, self.pinv_iters, self.pinv_init, form=forms.pinv) @ k3v  # (B, H, m, d) float32
         y = landmark_stages.columns_attention(q, k_land, w, valid)  # k1 W, (B, H, n, d)
         return y if self.conv is None else y + self.conv.fused(v, key_mask)
 

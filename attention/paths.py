@@ -1,28 +1,17 @@
-"""Which form of the landmark attention a tensor runs: the CPU forms or the fused forms of other devices.
+"""What the landmark attention's forms share: the masked score, the additive mask, constants made once, and the
+product with its rows (:func:`product_and_rows`).
 
-* CPU tensors run the CPU forms: the C++ kernels (``kernels/<method>/cpu.cpp``) where they apply, else PyTorch code
-  tuned for the CPU (in-place softmax, ``n × m`` products), unchanged by the fused forms.
-* Every other device (CUDA; ``meta``, where ``lra.bench plan`` lists a GPU's kernels and
-  ``tests/runtime/test_device_hygiene.py`` looks for host syncs) runs the fused forms: the landmark stages as batched GEMMs
-  split over ``n`` in the inputs' dtype (:mod:`attention.landmark_stages`), selection by sorting chunks of ``n``,
-  no host synchronisation and no tensor made on the host, every other step one batched operator. Every kernel whose
-  work grows with ``n`` runs at least two waves of programs on a 132-SM GPU, and none is an attention kernel given
-  ``m`` queries or keys (which would run ``B·H`` programs that each walk ``n``).
-
-``FUSED_ON_CPU = True`` runs the fused forms on CPU tensors too: the tests check them against the dense
-references there.
+Which form runs (the CPU forms with the C++ kernels, plain PyTorch, or the ``fused`` forms of other devices: the
+landmark stages as batched GEMMs split over ``n`` in the inputs' dtype, :mod:`attention.landmark_stages`, selection
+by sorting chunks of ``n``, no host synchronisation, every other step one batched operator) is ``attention.impl``'s
+choice, made in one table: :mod:`attention.impl`. Every kernel of the fused forms whose work grows with ``n`` runs at
+least two waves of programs on a 132-SM GPU, and none is an attention kernel given ``m`` queries or keys (which would
+run ``B·H`` programs that each walk ``n``).
 """
 
 from __future__ import annotations
 
 import torch
-
-FUSED_ON_CPU = False
-
-
-def fused(x: torch.Tensor) -> bool:
-    """Whether ``x``'s landmark attention runs the fused forms (any device but the CPU, or :data:`FUSED_ON_CPU`)."""
-    return FUSED_ON_CPU or x.device.type != "cpu"
 
 
 def masked_value(dtype: torch.dtype) -> float:

@@ -24,16 +24,15 @@ Precision: the iteration diverges in fp16/bf16, so it always runs in float32 wit
 disabled (float64 inputs stay float64, for gradcheck); the result has the compute dtype.
 Cost: O(n_iter · m³) for ``m × m`` matrices.
 
-Where it runs is chosen once, by :func:`kernels.pinv.ops.backend` (on device, dtype and shape): float32 matrices on
-CUDA with ``m ≤ 64`` run the fused Triton kernels of :mod:`kernels.pinv`, one launch forward (the init and all
-``n_iter`` steps, one program per matrix) and one backward, as the custom op ``lra_pinv::forward`` (also on
-``meta``, where its fake implementation gives the shapes); with ``global`` the shared norm is computed in PyTorch
-and passed in. Everything else runs the PyTorch form (:func:`pytorch_pinv`): float64 (gradcheck), ``m > 64``
-(a matrix no longer fits one program's registers: :mod:`kernels.pinv.launch`), and CPU tensors, where the
-C++ kernel of :mod:`kernels.pinv.cpu` takes float32 and eager calls it serves. Both forms compute the same
-iterates and the same gradient (through the norms too), to float32 rounding. The arguments are checked here, once
-(:func:`check_arguments`); the forms and their autograd live in :mod:`kernels.pinv.ops`, the plain reference in
-:mod:`kernels.pinv.naive`.
+Its form (``form``; :mod:`attention.impl` chooses it with the variant's, on device and dtype): ``triton``, the fused
+kernels of :mod:`kernels.pinv` (float32 with ``m ≤ 64``: one launch forward, the init and all ``n_iter`` steps, one
+program per matrix, and one backward, as the custom op ``lra_pinv::forward``, also on ``meta``, where its fake
+implementation gives the shapes; with ``global`` the shared norm is computed in PyTorch and passed in; other
+matrices the PyTorch form); ``cpu``, the C++ kernel of :mod:`kernels.pinv.cpu` where it takes the matrices (float32,
+eager); ``pytorch``, :func:`kernels.pinv.ops.steps` (float64 for gradcheck, and every other device). All forms compute
+the same iterates and the same gradient (through the norms too), to float32 rounding. The arguments are checked
+here, once (:func:`check_arguments`); the forms and their autograd live in :mod:`kernels.pinv.ops`, the plain
+reference in :mod:`kernels.pinv.naive`.
 """
 
 from __future__ import annotations
@@ -64,27 +63,28 @@ def check_arguments(matrix: torch.Tensor, n_iter: int, init: str) -> None:
     check_pinv_init(init)
 
 
-def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head", recompute: bool = False) -> torch.Tensor:
+def default_form(matrix: torch.Tensor) -> str:
+    """The form ``auto`` gives a lone pseudo-inverse (no variant's table row): ``triton`` on CUDA and ``meta``, ``cpu``
+    on the CPU (:mod:`attention.impl`)."""
+    return "cpu" if matrix.device.type == "cpu" else "triton"
+
+
+def iterative_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head", recompute: bool = False,
+                   form: str | None = None) -> torch.Tensor:
     """Approximate pseudo-inverse of ``matrix`` ``(..., m, m)`` after ``n_iter`` iterations -> ``(..., m, m)``.
 
     ``init``: ``per_head`` scales ``Z₀`` by each matrix's own norms, ``global`` by the maxima over all
-    leading dimensions (see the module doc). Runs where :func:`kernels.pinv.ops.backend` says (the fused kernels,
-    the C++ CPU kernel or PyTorch). ``recompute``: the non-fused forms keep only ``matrix`` for the backward and
-    run the iteration again there (FlashCUR: no ``5 · n_iter`` matrices of ``m × m`` kept per head).
+    leading dimensions (see the module doc). ``form``: ``triton``, ``cpu`` or ``pytorch`` (the module doc; None:
+    :func:`default_form`). ``recompute``: the non-Triton forms keep only ``matrix`` for the backward and run the
+    iteration again there (FlashCUR: no ``5 · n_iter`` matrices of ``m × m`` kept per head).
     """
     check_arguments(matrix, n_iter, init)
-    return _run(matrix, n_iter, init, fused=True, recompute=recompute)
+    with autocast_off(matrix.device.type):
+        a = matrix.float() if matrix.dtype != torch.float64 else matrix
+        return ops.pinv(a, n_iter, init, form or default_form(matrix), recompute=recompute)
 
 
 def pytorch_pinv(matrix: torch.Tensor, n_iter: int = 6, init: str = "per_head") -> torch.Tensor:
-    """:func:`iterative_pinv` in its PyTorch form on any device: ``bmm``/``baddbmm`` per step, one autograd node
-    (:class:`kernels.pinv.ops.Iterations`), the CPU kernel of :mod:`kernels.pinv.cpu` where it takes the operands."""
-    check_arguments(matrix, n_iter, init)
-    return _run(matrix, n_iter, init, fused=False)
-
-
-def _run(matrix: torch.Tensor, n_iter: int, init: str, fused: bool, recompute: bool = False) -> torch.Tensor:
-    """:func:`kernels.pinv.ops.pinv` in float32 (float64 stays float64) with autocast off."""
-    with autocast_off(matrix.device.type):
-        a = matrix.float() if matrix.dtype != torch.float64 else matrix
-        return ops.pinv(a, n_iter, init, fused=fused, recompute=recompute)
+    """:func:`iterative_pinv` in its ``pytorch`` form on any device: ``bmm``/``baddbmm`` per step, one autograd node
+    (:class:`kernels.pinv.ops.Iterations`); what ``python -m lra.bench pinv`` compares the Triton kernels with."""
+    return iterative_pinv(matrix, n_iter, init, form="pytorch")

@@ -106,7 +106,10 @@ def masked_softmax_out_of_place(logits: torch.Tensor, key_mask: torch.Tensor | N
 
 
 class SoftmaxScore(nn.Module):
-    """``softmax(Q Kᵀ / √d + mask)`` (Vaswani et al. 2017, eq. 1)."""
+    """``softmax(Q Kᵀ / √d + mask)`` (Vaswani et al. 2017, eq. 1). ``kernels``: whether :meth:`attend` may run the C++
+    landmark kernels on CPU tensors (False in the ``pytorch`` form: :func:`attention.impl.configure` sets it)."""
+
+    kernels = True
 
     def forward(self, q, k, key_mask=None, q_index=None, k_index=None) -> torch.Tensor:
         scale = q.shape[-1] ** -0.5
@@ -128,7 +131,7 @@ class SoftmaxScore(nn.Module):
         """
         if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):
             mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
-            return landmarks_cpu.attend(q, k, v, mask)
+            return landmarks_cpu.attend(q, k, v, mask, kernel=self.kernels)
         return self(q, k, key_mask) @ v
 
     def kernel_form(self, d: int) -> tuple[float, bool]:
@@ -146,6 +149,7 @@ class L1Score(nn.Module):
     """
 
     rotation_invariant = False  # ‖Rq − Rk‖₁ ≠ ‖q − k‖₁: rotary positions are not relative under this score
+    kernels = True  # the C++ L1 kernels on CPU tensors (False in the pytorch form, attention.impl.configure)
 
     def __init__(self, lam: float = 1.0):
         super().__init__()
@@ -156,7 +160,7 @@ class L1Score(nn.Module):
     def forward(self, q, k, key_mask=None, q_index=None, k_index=None) -> torch.Tensor:
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         with autocast_off(q.device.type):
-            logits = L1Distance.apply(q.to(dtype), k.to(dtype), -self.lam / math.sqrt(q.shape[-1]))  # (B, H, a, b)
+            logits = L1Distance.apply(q.to(dtype), k.to(dtype), -self.lam / math.sqrt(q.shape[-1]), self.kernels)
             return masked_softmax(logits, key_mask)
 
     def attend(self, q, k, key_mask, v, q_index=None, k_index=None) -> torch.Tensor:
@@ -170,7 +174,7 @@ class L1Score(nn.Module):
         with autocast_off(q.device.type):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             mask = None if key_mask is None else key_mask.expand(*key_mask.shape[:-2], 1, key_mask.shape[-1])
-            if (uses_kernel(q) and landmarks_cpu.kernel_for(q, k, v, mask) is not None
+            if (self.kernels and uses_kernel(q) and landmarks_cpu.kernel_for(q, k, v, mask) is not None
                     and landmarks_cpu.backward_library() is not None):
                 return landmarks_cpu.attend(q, k, v, mask, l1_scale=self.kernel_form(q.shape[-1])[0])
             return self(q, k, key_mask) @ v
@@ -178,3 +182,6 @@ class L1Score(nn.Module):
     def kernel_form(self, d: int) -> tuple[float, bool]:
         """``(scale, l1)`` of :mod:`kernels.landmark_attention.cpu`' kernels for this score at head size ``d``."""
         return -self.lam / math.sqrt(d), True
+
+
+KERNEL_SCORES = (SoftmaxScore, L1Score)  # the scores with ``attend`` and ``kernel_form``: the landmark kernels compute them

@@ -1,8 +1,8 @@
 """Row/column selection for CUR attention (François et al. 2025, §7.1; docs/design.md §2 "Selection rules").
 
 :func:`select_indices` returns ``(index_q, index_k)``, each long ``(B, H, m')`` with
-``m' = min(m, n)``, sorted ascending (in priority order in the fused forms of other devices than the CPU,
-:mod:`attention.paths`), distinct within a (sequence, head): the query rows ``I`` and
+``m' = min(m, n)``, sorted ascending (in priority order in the ``fused`` form of other devices than the CPU,
+:mod:`attention.impl`), distinct within a (sequence, head): the query rows ``I`` and
 key rows ``J`` of ``C = score(Q, K_J)``, ``R = score(Q_I, K)``, ``U = C[I]``.
 
 Every rule gives each token a priority; pad tokens get −inf, ``force_cls`` gives index 0 +inf, and
@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from attention import landmark_stages, paths
+from attention import impl, landmark_stages, paths
 from kernels.selection import cpu as selection_kernels
 
 
@@ -47,12 +47,14 @@ def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, 
     return torch.rand(x.shape[:-1], generator=generator, device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
 
 
-def _abs_priority(x: torch.Tensor, **_) -> torch.Tensor:
+def _abs_priority(x: torch.Tensor, form: str = "cpu", **_) -> torch.Tensor:
     """``Σ_d |X[i, d]|``: one pass on CPU (:func:`kernels.selection.abs_row_sums`, else ``abs`` + ``sum``:
-    ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"); in the fused
-    forms of other devices (:mod:`attention.paths`) ``abs`` in ``x``'s dtype and a float32 sum (no float32 copy of
+    ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"); in the
+    ``fused`` form (:mod:`attention.impl`) ``abs`` in ``x``'s dtype and a float32 sum (no float32 copy of
     ``x``)."""
-    return x.abs().sum(-1, dtype=torch.float32) if paths.fused(x) else selection_kernels.abs_row_sums(x)
+    if form == "fused":
+        return x.abs().sum(-1, dtype=torch.float32)
+    return selection_kernels.abs_row_sums(x) if form == "cpu" else x.abs().sum(-1)
 
 
 RULES: dict[str, Callable[..., torch.Tensor]] = {
@@ -74,16 +76,23 @@ def check_selection(rule: str, embed_column: int, head_dim: int | None = None) -
         raise ValueError(f"attention.embed_column={embed_column} is out of range for head_dim={head_dim}")
 
 
-def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool) -> torch.Tensor:
+def default_form(x: torch.Tensor) -> str:
+    """The selection form ``attention.impl=auto`` gives CUR on ``x``'s device and dtype (:mod:`attention.impl`)."""
+    return impl.resolve("cur", "auto", x.device.type, x.dtype).selection
+
+
+def _top(priority: torch.Tensor, key_mask: torch.Tensor, m: int, force_cls: bool,
+         form: str | None = None) -> torch.Tensor:
     """Indices of the ``m`` highest priorities ``(B, H, n)`` among real tokens, ascending -> ``(B, H, m)``.
 
     The indices a stable descending sort would rank first, without sorting over ``n``: every priority above
     the ``m``-th largest, then the lowest-index ties with it; no host synchronisation (NaN ranks as +inf). On CPU
     (float32, eager) the same by a kernel (:func:`kernels.selection.top_indices`).
     """
-    if paths.fused(priority):
+    form = form or default_form(priority)
+    if form == "fused":
         return _top_by_sorting(priority, key_mask, m, force_cls)
-    top = selection_kernels.top_indices(priority, key_mask, m, force_cls)
+    top = selection_kernels.top_indices(priority, key_mask, m, force_cls) if form == "cpu" else None
     if top is not None:
         return top
     priority = priority.nan_to_num(nan=torch.inf, posinf=torch.inf).masked_fill(~key_mask[:, None, :], -torch.inf)
@@ -104,20 +113,23 @@ def _top_by_sorting(priority: torch.Tensor, key_mask: torch.Tensor, m: int, forc
     (sort's order; :func:`_top` ranks it as +inf, which differs only where NaN and +inf tie); with ``force_cls``
     index 0 becomes NaN, so it ranks first (ties among NaN break by lowest index).
 
-    Spread over ``n``: a stable descending sort of each of ``c`` chunks of ``L = n / c`` positions
-    (:func:`attention.landmark_stages.chunks`: ``B·H·c`` rows, two waves of a GPU), their first ``m`` each, then a
-    stable sort of those ``c·m`` candidates (independent of ``n``). A candidate list ordered chunk by chunk, each
-    chunk by (priority descending, position ascending), sorts stably into the order one stable sort over ``n``
-    gives, so the result is the same. One sort over ``n`` when a chunk would hold fewer than ``m`` positions."""
+    Spread over ``n``: a stable descending sort of each of ``c`` chunks of ``L`` positions
+    (:func:`attention.landmark_stages.chunks`: ``B·H·c`` rows, two waves of a GPU; the last chunk padded with −inf
+    past ``n``), their first ``m`` each, then a stable sort of those ``c·m`` candidates (independent of ``n``). A
+    candidate list ordered chunk by chunk, each chunk by (priority descending, position ascending), sorts stably
+    into the order one stable sort over ``n`` gives, so the result is the same (a pad ties at −inf with the masked
+    tokens and follows them all, being last; with ``m ≤ n`` none is picked). One sort over ``n`` when a chunk would
+    hold fewer than ``m`` positions."""
     priority = torch.where(key_mask[:, None, :], priority, -torch.inf)
     if force_cls:
         priority[..., 0] = torch.nan
     *rows, n = priority.shape
-    c = landmark_stages.chunks(n, math.prod(rows))
-    if n // c < m:
+    c, length = landmark_stages.chunks(n, math.prod(rows))
+    if length < m:
         return priority.sort(dim=-1, descending=True, stable=True).indices[..., :m]
-    values, order = priority.view(*rows, c, n // c).sort(dim=-1, descending=True, stable=True)  # (B, H, c, L)
-    starts = paths.chunk_starts(c, n // c, priority.device)  # (c, 1): each chunk's first position
+    chunked = landmark_stages.chunked(priority[..., None], c, length, -torch.inf)[..., 0]  # (B, H, c, L)
+    values, order = chunked.sort(dim=-1, descending=True, stable=True)
+    starts = paths.chunk_starts(c, length, priority.device)  # (c, 1): each chunk's first position
     candidates = (order[..., :m] + starts).flatten(-2)  # (B, H, c·m) positions
     best = values[..., :m].flatten(-2).sort(dim=-1, descending=True, stable=True).indices[..., :m]
     return candidates.gather(-1, best)
@@ -134,25 +146,29 @@ def select_indices(
     embed_column: int = 0,
     force_cls: bool = False,
     generator: torch.Generator | None = None,
+    form: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Query rows ``I`` and key rows ``J`` for CUR, each long ``(B, H, min(m, n))`` (see module doc).
 
     ``q``, ``k``: ``(B, H, n, d)``; ``key_mask``: bool ``(B, n)`` (True = real token) or None (all real).
+    ``form`` (:mod:`attention.impl`): ``cpu`` (the C++ kernels where they take the rows), ``pytorch`` or ``fused``
+    (by sorting, in priority order); None: :func:`default_form`.
     """
+    form = form or default_form(q)
     check_selection(rule, embed_column)
     batch, heads, n, _ = q.shape
     if key_mask is None:
         key_mask = torch.ones(batch, n, dtype=torch.bool, device=q.device)
     m = min(m, n)
     priority = RULES[rule]
-    options = dict(key_mask=key_mask, m=m, embed_column=embed_column, generator=generator)
-    if not paths.fused(q):  # the CPU forms rank float32 rows (its kernels' dtype); the fused forms read q, k as they are
+    options = dict(key_mask=key_mask, m=m, embed_column=embed_column, generator=generator, form=form)
+    if form != "fused":  # the CPU forms rank float32 rows (its kernels' dtype); the fused forms read q, k as they are
         q, k = q.float(), k.float()
     if same_indices:
-        index = _top(priority(q, **options) + priority(k, **options), key_mask, m, force_cls)
+        index = _top(priority(q, **options) + priority(k, **options), key_mask, m, force_cls, form)
         index = index.expand(batch, heads, m)
         return index, index
     return (
-        _top(priority(q, **options).expand(batch, heads, n), key_mask, m, force_cls),
-        _top(priority(k, **options).expand(batch, heads, n), key_mask, m, force_cls),
+        _top(priority(q, **options).expand(batch, heads, n), key_mask, m, force_cls, form),
+        _top(priority(k, **options).expand(batch, heads, n), key_mask, m, force_cls, form),
     )

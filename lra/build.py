@@ -15,8 +15,9 @@ from lra.module import LRAModule
 from lra.runtime.checkpoints import run_settings
 
 
-# Keys of an attention config node that describe it but are not constructor arguments.
-DESCRIPTIVE_KEYS = ("name",)
+# Keys of an attention config node that describe it but are not constructor arguments (``impl``: the form it runs,
+# set on the built module by attention.impl.configure).
+DESCRIPTIVE_KEYS = ("name", "impl")
 # Keys of a model config node that say how the network runs, not what it is (not constructor arguments).
 RUNTIME_KEYS = ("compile",)
 # Constructor arguments the code passes, not the config: the model's to the attention, build_model's to the model.
@@ -62,7 +63,10 @@ def attention_factory(node) -> Callable[..., nn.Module]:
     The node is resolved against the whole run config first (nodes may interpolate ``${task.max_length}``);
     its descriptive ``name`` is dropped. The head layout is supplied by the model, not by the config. A key the
     variant's constructor does not take is refused naming the keys it does (:func:`lra.config_keys.check_keys`).
+    ``impl`` (``attention.impl``, default ``auto``) is the form the module runs: checked against the variant's forms
+    and set on every module the factory builds (:func:`attention.impl.configure`).
     """
+    from attention.impl import configure
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -73,7 +77,13 @@ def attention_factory(node) -> Callable[..., nn.Module]:
         )
     container = OmegaConf.to_container(node, resolve=True)
     check_keys(container, "attention", supplied=ATTENTION_SUPPLIED, descriptive=DESCRIPTIVE_KEYS)
-    return instantiate({key: value for key, value in container.items() if key not in DESCRIPTIVE_KEYS}, _partial_=True)
+    partial = instantiate({key: value for key, value in container.items() if key not in DESCRIPTIVE_KEYS}, _partial_=True)
+    impl, variant = container.get("impl") or "auto", container.get("name") or container["_target_"]
+
+    def factory(**arguments) -> nn.Module:
+        return configure(partial(**arguments), impl, f"attention={variant}")
+
+    return factory
 
 
 def build_attention(node, num_heads: int, head_dim: int) -> nn.Module:

@@ -20,7 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
-from attention import paths
+from attention import impl as attention_impl
 from lra import REPO_ROOT
 from lra.tasks import listops
 
@@ -44,10 +44,25 @@ def compose_config(overrides: list[str], output_dir: Path | str | None = None) -
 
 @pytest.fixture(params=["cpu_forms", "fused_forms"])
 def landmark_forms(request, monkeypatch) -> str:
-    """Runs a test on the CPU forms of the landmark attention, then on the fused forms that other devices run
-    (:data:`attention.paths.FUSED_ON_CPU`): both against the same references."""
-    monkeypatch.setattr(paths, "FUSED_ON_CPU", request.param == "fused_forms")
+    """Runs a test on the CPU forms of the landmark attention (``attention.impl=cpu``), then on the fused forms that
+    other devices run (``attention.impl=fused``), both against the same references: what ``auto`` picks for CUR and
+    Nyström on CPU tensors (:data:`attention.impl.AUTO`) is that form for the test, so modules built without a key
+    and the functions called without ``forms`` run it too."""
+    impl = "fused" if request.param == "fused_forms" else "cpu"
+    for family in ("cur", "nystrom"):
+        monkeypatch.setitem(attention_impl.AUTO[family], "cpu", (impl, "the test's form"))
     return request.param
+
+
+def auto_picks(monkeypatch, family: str, impl: str) -> None:
+    """Within a test, ``attention.impl=auto`` runs ``impl`` for ``family`` on CPU tensors (:data:`attention.impl.AUTO`),
+    and scores built directly run their C++ kernels only in the ``cpu`` form (as :func:`attention.impl.configure`
+    sets them for a built variant)."""
+    from attention.scores import KERNEL_SCORES
+
+    monkeypatch.setitem(attention_impl.AUTO[family], "cpu", (impl, "the test's form"))
+    for score in KERNEL_SCORES:
+        monkeypatch.setattr(score, "kernels", impl == "cpu")
 
 
 def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ vector size (:func:`kernels.common.build.vector_bytes`):
 * :func:`distance` ``out[p, i, j] = scale · ‖q[p, i] − k[p, j]‖₁``;
 * :func:`sign_grad` ``dq[p, i] = scale Σ_j g_pij sign(q_pi − k_pj)``, ``dk[p, j] −= scale Σ_i g_pij sign(…)``.
 
-Backend, chosen once by :func:`uses_kernel`: CPU tensors outside ``torch.compile`` run the kernels (they have no
+Whether the kernels can run, :func:`uses_kernel`: CPU tensors outside ``torch.compile`` run them (they have no
 PyTorch form to fall back on: without a compiler the first call raises, no silent fallback on CPU); elsewhere
 :class:`L1Distance` runs ``torch.cdist`` and a query-chunked backward, and :mod:`attention.l1` FlashL1 or the
 materialised weights.
@@ -101,14 +101,11 @@ def sign_grad(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, dq: torch.Tenso
                                              dk.data_ptr(), problems, a, b, d, scale, torch.get_num_threads())
 
 
-CPU_KERNEL = True  # False runs the PyTorch path of other devices on CPU too (tests compare the two)
-
-
 def uses_kernel(x: torch.Tensor) -> bool:
     """The backend of every L1 op (:class:`L1Distance`, :class:`L1AttentionFunction`, the L1 form of the landmark
     kernels): whether L1 scores of ``x`` run the compiled kernels (CPU tensors, outside ``torch.compile``: a ctypes
     call would break its graph; compiled code runs the PyTorch forms)."""
-    return CPU_KERNEL and x.device.type == "cpu" and not torch.compiler.is_compiling()
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 L1_GRAD_BUDGET = 1 << 24  # elements of the sign tensor alive at a time in L1Distance's PyTorch backward
@@ -129,10 +126,10 @@ class L1Distance(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, scale: float = 1.0, kernel: bool = True) -> torch.Tensor:
         ctx.save_for_backward(q, k)
-        ctx.scale = scale
-        if not uses_kernel(q):
+        ctx.scale, ctx.kernel = scale, kernel and uses_kernel(q)  # kernel=False: the PyTorch form (attention.impl)
+        if not ctx.kernel:
             return torch.cdist(q, k, p=1.0).mul_(scale)
         if q.shape[:-2] != k.shape[:-2]:
             raise ValueError(f"L1Distance: q {tuple(q.shape)} and k {tuple(k.shape)} need the same leading dims")
@@ -145,7 +142,7 @@ class L1Distance(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         q, k = ctx.saved_tensors
-        if uses_kernel(q):
+        if ctx.kernel:
             *_, a, d = q.shape
             q3, k3 = (pad_columns(x.reshape(-1, *x.shape[-2:])) for x in (q, k))
             grad_q, grad_k = torch.empty_like(q3), torch.zeros_like(k3)
@@ -153,7 +150,7 @@ class L1Distance(torch.autograd.Function):
             grad_q, grad_k = grad_q[..., :d].reshape(q.shape), grad_k[..., :d].reshape(k.shape)
         else:
             grad_q, grad_k = L1Distance.torch_backward(grad * ctx.scale, q, k, *ctx.needs_input_grad[:2])
-        return (grad_q if ctx.needs_input_grad[0] else None), (grad_k if ctx.needs_input_grad[1] else None), None
+        return (grad_q if ctx.needs_input_grad[0] else None), (grad_k if ctx.needs_input_grad[1] else None), None, None
 
     @staticmethod
     def torch_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, needs_q: bool, needs_k: bool):

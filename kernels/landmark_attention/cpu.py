@@ -37,7 +37,6 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from kernels.common.build import I64, PTR, load_or_warn, source, vector_bytes
 
-CPU_KERNEL = True  # False runs the PyTorch forms (tests and benchmarks compare the two)
 MAX_KEYS = 128
 
 _TAIL = [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # the attention kernels' last arguments: scale, l1, threads
@@ -67,7 +66,7 @@ def backward_library() -> ctypes.CDLL | None:
 def kernel_takes(*tensors: torch.Tensor) -> bool:
     """Float32 CPU tensors with contiguous rows, outside ``torch.compile`` and outside a dispatch mode (which
     cannot see a ctypes call: ``FlopCounterMode`` counts the PyTorch forms), and the library built."""
-    return (CPU_KERNEL and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode()
+    return (not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode()
             and all(x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1 for x in tensors)
             and library() is not None)
 
@@ -243,13 +242,13 @@ class LandmarkAttention(torch.autograd.Function):
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-           l1_scale: float | None = None) -> torch.Tensor:
+           l1_scale: float | None = None, kernel: bool = True) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)`` (default scale ``1/√d``), by a kernel where
     :func:`kernel_for` names one; ``key_mask`` bool broadcasting to ``(B, H, 1, n_keys)`` or None.
 
     With ``l1_scale`` ``c``: ``softmax(c · ‖q_i − k_j‖₁ + log M) V`` (L1 scores, ``c = −λ/√d``), by a kernel only
     (the caller checks :func:`kernel_for` and :func:`backward_library`; :class:`attention.scores.L1Score` does)."""
-    kind = kernel_for(q, k, v, key_mask)
+    kind = kernel_for(q, k, v, key_mask) if kernel else None  # kernel=False: SDPA (attention.impl=pytorch)
     if kind is None and l1_scale is not None:
         raise ValueError("kernels.landmark_attention.cpu.attend with L1 scores needs a kernel (kernel_for names none for "
                          "these operands)")

@@ -1,10 +1,10 @@
-"""The iterative pseudo-inverse's ops: where each form runs (:func:`backend`, the one choice), the fused Triton
-kernels as ``torch.library`` custom ops, and the PyTorch form's autograd (over the C++ CPU kernel of
-:mod:`kernels.pinv.cpu` where it takes the operands). The method, its inits and its checks: :mod:`attention.pinv`;
+"""The iterative pseudo-inverse's ops: the fused Triton kernels as ``torch.library`` custom ops, the PyTorch form's
+autograd (over the C++ CPU kernel of :mod:`kernels.pinv.cpu` in the ``cpu`` form), and :func:`pinv`, which runs
+the form it is given (the choice: :mod:`attention.impl`). The method, its inits and its checks: :mod:`attention.pinv`;
 the plain reference every form is tested against: :mod:`kernels.pinv.naive`.
 
 :func:`pinv` runs ``a`` ``(..., m, m)`` (float32 or float64, autocast off, arguments checked by the caller) in the
-form :func:`backend` picks:
+form it is given:
 
 * ``"triton"``: float32 on CUDA (or ``meta``, the fake implementations) with ``m ≤ 64``: the custom ops below, one
   launch forward, one backward.
@@ -154,7 +154,7 @@ def fused_pinv(a: Tensor, n_iter: int, norm: Tensor | None = None) -> Tensor:
     ``norm``: None (per problem, ``max(‖A‖₁ ‖A‖∞, tiny)`` in the kernel) or a one-element float32 tensor
     (global, differentiable). ``1 ≤ m ≤ 64`` (:func:`kernels.pinv.launch.takes`). Differentiable in ``a``
     and ``norm``; the iterates are kept only when autograd records the call. O(n_iter · m³) per problem.
-    The arguments are checked here (:func:`pinv` runs the same ops on what :func:`backend` already admitted).
+    The arguments are checked here (:func:`pinv` runs the same ops on what its caller already checked).
     """
     if a.dim() != 3 or a.shape[1] != a.shape[2] or not launch.takes(a.shape[1]):
         raise ValueError(
@@ -174,33 +174,29 @@ def _fused(a: Tensor, n_iter: int, norm: Tensor | None) -> Tensor:
     return z
 
 
-# ---- the one choice of the form, and the PyTorch form (any device; the C++ CPU kernel where it takes a) ----------
+# ---- the forms: Triton, the C++ CPU kernel, PyTorch (which one: attention.impl's table, attention/impl.py) ---------
+
+FORMS = ("triton", "cpu", "pytorch")
 
 
-def backend(a: Tensor, fused: bool = True) -> str:
-    """The form that runs the pseudo-inverse of ``a`` ``(P, m, m)`` (float32 or float64): ``"triton"`` (float32 on a
-    CUDA device, or on ``meta`` so that a trace there sees the CUDA path, with ``m ≤ 64``: one problem per program,
-    held in registers; never with ``fused=False``), ``"cpu"`` (the C++ kernel takes it: :func:`kernels.pinv.cpu.takes`)
-    or ``"pytorch"``."""
-    if fused and a.dtype == torch.float32 and a.device.type in ("cuda", "meta") and launch.takes(a.shape[-1]):
-        return "triton"
-    return "cpu" if cpu_pinv.takes(a) else "pytorch"
-
-
-def pinv(a: Tensor, n_iter: int, init: str = "per_head", fused: bool = True, recompute: bool = False) -> Tensor:
-    """Pseudo-inverse of ``a`` ``(..., m, m)`` after ``n_iter`` steps -> ``(..., m, m)``, in the form :func:`backend`
-    picks (``fused=False``: not the Triton kernels). ``a`` is float32 or float64 and autocast is off; ``n_iter`` and
-    ``init`` (``per_head`` | ``global``) were checked by the caller (:func:`attention.pinv.iterative_pinv`).
-    ``recompute``: the non-fused forms keep only ``a`` for the backward (:class:`_RecomputedPinv`)."""
+def pinv(a: Tensor, n_iter: int, init: str = "per_head", form: str = "pytorch", recompute: bool = False) -> Tensor:
+    """Pseudo-inverse of ``a`` ``(..., m, m)`` after ``n_iter`` steps -> ``(..., m, m)`` in ``form`` (one of
+    :data:`FORMS`, chosen by :mod:`attention.impl`): ``"triton"`` the custom ops above for float32 with ``m ≤ 64``
+    (one problem per program, held in registers; other matrices the PyTorch form), ``"cpu"`` the C++ kernel where it
+    takes ``a`` (:func:`kernels.pinv.cpu.takes`: float32, eager, ``m`` a power of two times the vector width, at most
+    128; else the PyTorch form), ``"pytorch"`` :func:`steps`. ``a`` is float32 or float64 and autocast is off;
+    ``n_iter`` and ``init`` (``per_head`` | ``global``) were checked by the caller
+    (:func:`attention.pinv.iterative_pinv`). ``recompute``: the non-Triton forms keep only ``a`` for the backward
+    (:class:`_RecomputedPinv`)."""
     m = a.shape[-1]
     flat = a.reshape(-1, m, m)  # one batch dimension for the kernels and bmm/baddbmm
-    form = backend(flat, fused)
-    if form == "triton":
+    if form == "triton" and a.dtype == torch.float32 and launch.takes(m):
         norm = start_norm(a, init) if init == "global" else None  # per_head: the kernel takes each matrix's norms
         return _fused(flat, n_iter, norm).reshape(a.shape)
+    cpu_kernel = form == "cpu" and cpu_pinv.takes(flat)
     if recompute:
-        return _RecomputedPinv.apply(a, n_iter, init, form == "cpu")
-    return _pytorch(a, n_iter, init, form == "cpu")
+        return _RecomputedPinv.apply(a, n_iter, init, cpu_kernel)
+    return _pytorch(a, n_iter, init, cpu_kernel)
 
 
 def start_norm(a: Tensor, init: str) -> Tensor:
@@ -251,7 +247,7 @@ class Iterations(torch.autograd.Function):
     every step, written as eight GEMMs per step with the constants folded into their ``alpha`` (``baddbmm``), where
     autograd adds a scaling, a negation and an accumulation pass per product. Per step, from ``G = ∂L/∂Z'``:
     ``∂S = Zᵀ G``, ``∂Z = G Sᵀ``, ``∂inner = −¼ (AZ)ᵀ ∂S``, ``∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner``,
-    then ``∂A += ∂(AZ) Zᵀ`` and ``∂Z += Aᵀ ∂(AZ)``. With ``cpu_kernel`` (:func:`backend`'s ``"cpu"``) forward and
+    then ``∂A += ∂(AZ) Zᵀ`` and ``∂Z += Aᵀ ∂(AZ)``. With ``cpu_kernel`` (the ``"cpu"`` form) forward and
     backward run the C++ kernel of :mod:`kernels.pinv.cpu` instead."""
 
     @staticmethod

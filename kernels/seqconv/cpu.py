@@ -12,7 +12,7 @@ in register tiles that load each input row once for all outputs it reaches, read
 contiguous (the model's ``(B, n, H, d)`` memory needs no copy) and writing the sum with ``base`` in one pass; the
 gradient of x is the same conv with the reversed kernel, masked on output.
 
-Backend, chosen once by :func:`uses_kernel`: without a compiler :func:`library` warns once and is None
+Whether the kernels can run, :func:`uses_kernel` (the method asks only in its ``cpu`` form, :mod:`attention.impl`): without a compiler :func:`library` warns once and is None
 (:mod:`kernels.common.build`); the caller then runs the banded matrix products, as on other devices and under
 ``torch.compile`` (a ctypes call would break the graph). Measured: docs/bench.md ("CUR's backward without full-size
 copies, and Nyström's sequence kernels").
@@ -27,9 +27,6 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from kernels.common.build import I64, PTR, load_or_warn, source
-
-CPU_KERNEL = True  # False runs the banded products on CPU too (tests compare the two)
-
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
@@ -47,7 +44,7 @@ def library() -> ctypes.CDLL | None:
 def uses_kernel(x: torch.Tensor) -> bool:
     """CPU float tensors with contiguous rows, outside ``torch.compile`` and dispatch modes (``FlopCounterMode``
     counts the banded products instead: a ctypes call is invisible to it), and the library built."""
-    return (CPU_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.stride(-1) == 1
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.stride(-1) == 1
             and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode() and library() is not None)
 
 

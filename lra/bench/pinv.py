@@ -5,7 +5,7 @@ For every ``--m`` and ``--problems`` (batch × heads, e.g. 16 = B 8 × H 2): the
 
 * ``fused`` — :func:`kernels.pinv.ops.fused_pinv`, what :func:`attention.pinv.iterative_pinv` runs on CUDA
   (one launch forward, one backward; CUDA only, a skipped row elsewhere);
-* ``pytorch`` — :func:`attention.pinv.pytorch_pinv`, the form it runs elsewhere (on CUDA: about ``4·n_iter``
+* ``pytorch`` — :func:`attention.pinv.pytorch_pinv`, its ``pytorch`` form (on CUDA: about ``4·n_iter``
   batched matmuls forward and ``8·n_iter`` backward, plus the norms);
 
 on the same float32 row-softmax matrices (CUR's ``U``), ``--iters`` steps, per_head init. ``launches_fwd`` and

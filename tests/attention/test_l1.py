@@ -1,7 +1,7 @@
 """L1-distance attention (EcoTransformer eq. 1) against the dense (B, H, n, n, d) reference of kernels/l1/naive.py.
 
 The CPU path (compiled kernels of ``kernels/l1/cpu.cpp``, flash-style chunks) and the PyTorch path of
-other devices (``kernels.l1.cpu.CPU_KERNEL = False`` runs it on CPU) are both checked.
+other devices (``attention.impl=pytorch`` runs it on CPU) are both checked.
 """
 
 import pytest
@@ -22,12 +22,13 @@ from tests.attention_reference import (
     padded_mask,
     random_qkv,
 )
-from tests.conftest import compose_config
+from tests.conftest import auto_picks, compose_config
 
 
 @pytest.fixture(params=["cpu_kernel", "torch_path"])
 def path(request, monkeypatch):
-    monkeypatch.setattr(l1_kernels, "CPU_KERNEL", request.param == "cpu_kernel")
+    """The ``cpu`` form, then the ``pytorch`` form (``attention.impl``) of every module and score the test builds."""
+    auto_picks(monkeypatch, "l1", "cpu" if request.param == "cpu_kernel" else "pytorch")
     return request.param
 
 
@@ -145,7 +146,7 @@ def test_sequence_without_real_tokens_gives_zeros_like_the_torch_path(monkeypatc
     q, k, v = random_qkv(n=12, d=4)
     mask = padded_mask(2, 12, [12, 0])
     fast = grads(lambda q, k, v: L1Attention(2, 4)(q, k, v, mask), q, k, v)
-    monkeypatch.setattr(l1_kernels, "CPU_KERNEL", False)
+    auto_picks(monkeypatch, "l1", "pytorch")
     reference = grads(lambda q, k, v: L1Attention(2, 4)(q, k, v, mask), q, k, v)
     assert (fast[0][1] == 0).all()
     for a, b in zip(fast, reference):

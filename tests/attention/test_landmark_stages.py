@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention import landmark_stages, paths
+from attention import landmark_stages
 from attention.cur import cur_attention
 from attention.nystrom import NystromAttention
 from attention.selection import select_indices
+from tests.conftest import auto_picks
 from tests.tolerances import tolerance
 
 
@@ -71,7 +72,7 @@ def test_fused_cur_in_low_precision_is_within_its_dtype_tolerance_of_float64(mon
     """The fused CUR (the CUDA path, here on CPU tensors) at the same selected rows: float32 and bf16 outputs and
     gradients against float64. The tolerance is the dtype's (scores, weights and partials rounded in ``dtype``, sums
     in float32 over ``n``; the gradients pass through the pseudo-inverse's backward, conditioning 8)."""
-    monkeypatch.setattr(paths, "FUSED_ON_CPU", True)
+    auto_picks(monkeypatch, "cur", "fused")  # attention.impl=fused on CPU tensors
     batch, heads, n, d, m = 2, 2, 96, 16, 16
     q, k, v = (x.detach() for x in inputs((batch, heads, n, d), seed=1))
     mask = torch.ones(batch, n, dtype=torch.bool)
@@ -97,7 +98,7 @@ def test_fused_cur_in_low_precision_is_within_its_dtype_tolerance_of_float64(mon
 
 
 def test_fused_nystrom_in_bf16_is_within_its_dtype_tolerance_of_float64(monkeypatch):
-    monkeypatch.setattr(paths, "FUSED_ON_CPU", True)
+    auto_picks(monkeypatch, "nystrom", "fused")  # attention.impl=fused on CPU tensors
     module = NystromAttention(num_heads=2, head_dim=16, num_landmarks=16, conv_kernel_size=None)
     q, k, v = (x.detach() for x in inputs((2, 2, 96, 16), seed=2))
     mask = torch.ones(2, 96, dtype=torch.bool)

@@ -93,10 +93,9 @@ def test_segment_means_of_either_memory_layout_and_the_kernel_are_the_same(dtype
     assert x.is_contiguous() and model_layout.transpose(1, 2).is_contiguous()
     results = []
     for kernel in (True, False):
-        monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
         for source in (x, model_layout):
             leaf = source.detach().requires_grad_()
-            means, valid = segment_means(leaf, mask, 6)
+            means, valid = segment_means(leaf, mask, 6, kernel)
             assert (type(means.grad_fn.next_functions[0][0]).__name__ == "SegmentSumsBackward") == kernel
             (grad,) = torch.autograd.grad((means * torch.arange(float(d), dtype=dtype)).sum(), leaf)
             results.append((means, valid, grad))
@@ -152,14 +151,13 @@ def test_sequence_conv_equals_the_former_conv2d_values_and_gradients(n, size, ke
     """Against ``F.conv2d`` with the former ``nn.Conv2d`` layout (weight ``(H, 1, K, 1)``, kernel ``(K, 1)``) and
     ``F.conv1d`` with ``groups = H`` over ``(B·d, H, n)``: lengths below, at and across the 32-row blocks, for the
     CPU kernel of ``kernels/seqconv/cpu.cpp`` and for the banded products (other devices, compiled code)."""
-    monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(n)
     conv = SequenceConv(3, size).double()
     x = torch.randn(2, 3, n, 4, generator=generator, dtype=torch.float64, requires_grad=True)
     weight_2d = conv.weight.detach()[..., None].requires_grad_()
     expected = F.conv2d(x, weight_2d, padding=(size // 2, 0), groups=3)
     as_conv1d = F.conv1d(x.permute(0, 3, 1, 2).reshape(8, 3, n), conv.weight, padding=size // 2, groups=3)
-    got = conv(x)
+    got = conv(x, kernel=kernel)
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(as_conv1d.view(2, 4, 3, n).permute(0, 2, 3, 1), expected, atol=1e-12, rtol=0)
     grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
@@ -281,8 +279,7 @@ def test_cpu_conv_kernel_with_mask_and_sum_matches_the_banded_products(dtype, n,
     upstream = torch.randn(2, 2, n, d, generator=generator, dtype=dtype)
     results = []
     for kernel in (True, False):
-        monkeypatch.setattr(seqconv, "CPU_KERNEL", kernel)
-        y = conv(x, mask, base)
+        y = conv(x, mask, base, kernel=kernel)
         results.append((y, *torch.autograd.grad(y, (x, conv.weight, base), upstream)))
     big = lambda t: float(t.detach().abs().max())  # noqa: E731
     terms = {  # sums: y and ∂x over the K taps, ∂w over every (b, i, c); the size of their terms

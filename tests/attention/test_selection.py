@@ -7,8 +7,6 @@ in priority order, so the tests compare :func:`ascending` indices where the orde
 import pytest
 import torch
 
-from attention import paths
-from kernels.landmark_attention import cpu as landmarks_cpu
 from kernels.selection import cpu as selection_cpu
 from attention.selection import _top, select_indices
 from tests.attention_reference import padded_mask
@@ -75,7 +73,6 @@ def test_ties_break_by_lowest_index():
 def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls, kernel, monkeypatch):
     """Integer priorities (many ties), pads, fewer real tokens than m: the m winners of a stable sort, by the CPU
     kernel (kernels.selection.top_indices) and by the PyTorch form of other devices."""
-    monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", kernel)
     generator = torch.Generator().manual_seed(0)
     q = torch.randint(-2, 3, (3, 2, 50, 1), generator=generator).float()  # 'sum' priority = the value
     mask = padded_mask(3, 50, [50, 31, 5])
@@ -83,7 +80,8 @@ def test_top_m_is_what_a_stable_descending_sort_ranks_first(force_cls, kernel, m
     if force_cls:
         priority[..., 0] = float("inf")
     for m in (1, 7, 31, 50):
-        index, _ = select_indices(q, torch.zeros_like(q), mask, m, "sum", force_cls=force_cls)
+        index, _ = select_indices(q, torch.zeros_like(q), mask, m, "sum", force_cls=force_cls,
+                                  form="cpu" if kernel else "pytorch")
         ranked = torch.sort(priority, dim=-1, descending=True, stable=True).indices[..., :m]
         assert torch.equal(ascending(index), ranked.sort(dim=-1).values), m
 
@@ -103,10 +101,8 @@ def test_top_m_kernel_equals_the_pytorch_form_with_nan_and_infinite_priorities(l
     for force_cls in (False, True):
         for m in (1, 5, 23, 40):
             kernel = selection_cpu.top_indices(priority, mask, m, force_cls)
-            monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", False)
-            assert selection_cpu.top_indices(priority, mask, m, force_cls) is None  # _top runs the PyTorch form
-            assert torch.equal(kernel, _top(priority.clone(), mask, m, force_cls)), (m, force_cls)
-            monkeypatch.setattr(landmarks_cpu, "CPU_KERNEL", True)
+            assert kernel is not None  # the kernel takes these priorities
+            assert torch.equal(kernel, _top(priority.clone(), mask, m, force_cls, "pytorch")), (m, force_cls)
 
 
 def test_fused_top_ranks_nan_first_and_otherwise_as_the_cpu_forms(monkeypatch):
@@ -118,14 +114,12 @@ def test_fused_top_ranks_nan_first_and_otherwise_as_the_cpu_forms(monkeypatch):
     priority[special < 0.1] = float("inf")
     priority[(special >= 0.1) & (special < 0.15)] = float("-inf")
     mask = padded_mask(3, 40, [40, 23, 3])
-    monkeypatch.setattr(paths, "FUSED_ON_CPU", False)
-    cpu = {m: _top(priority.clone(), mask, m, False) for m in (1, 5, 23, 40)}
-    monkeypatch.setattr(paths, "FUSED_ON_CPU", True)
+    cpu = {m: _top(priority.clone(), mask, m, False, "cpu") for m in (1, 5, 23, 40)}
     for m, expected in cpu.items():
-        assert torch.equal(ascending(_top(priority.clone(), mask, m, False)), expected), m
+        assert torch.equal(ascending(_top(priority.clone(), mask, m, False, "fused")), expected), m
     with_nan = priority.clone()
     with_nan[:, :, 2] = float("nan")
-    top = _top(with_nan, mask, 2, force_cls=True)
+    top = _top(with_nan, mask, 2, force_cls=True, form="fused")
     assert (top[..., 0] == 0).all() and (top[..., 1] == 2).all()  # index 0 forced, then NaN above every +inf
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from attention import paths
+from attention.impl import configure
 from attention.landmark_means import landmark_means
 from attention.nystrom import NystromAttention
 from kernels.segment_means import launch, naive, ops
@@ -130,10 +131,9 @@ def test_fused_nystrom_with_the_kernels_equals_the_cpu_forms(monkeypatch):
     attn = NystromAttention(2, 16, num_landmarks=8, conv_kernel_size=5)
     upstream = torch.randn(2, 2, 40, 16, generator=generator)
     results = []
-    for fused, device in ((False, "cpu"), (True, DEVICE)):
-        monkeypatch.setattr(paths, "FUSED_ON_CPU", fused)
+    for form, device in (("cpu", "cpu"), ("fused", DEVICE)):
         inputs = [x.to(device).requires_grad_() for x in (q, k, v)]
-        module = attn.to(device)
+        module = configure(attn, form, "nystromformer").to(device)
         y = module(*inputs, mask.to(device))
         grads = torch.autograd.grad(y, [*inputs, module.conv.weight], upstream.to(device))
         results.append([t.cpu() for t in (y, *grads)])
