@@ -45,10 +45,10 @@ test-fast: setup
 # so a tolerance that holds on one CPU only fails here too. .ci/run runs it with ISA=default after `make test`.
 NUMERICS_TESTS := tests/attention/test_scores.py tests/attention/test_attention_keys.py tests/attention/test_pinv.py tests/models/test_ema.py \
 	tests/attention/test_delta_rule.py tests/attention/test_selection.py tests/attention/test_proxyformer.py tests/attention/test_cur.py \
-	tests/attention/test_nystrom.py tests/attention/test_l1.py tests/attention/test_liza.py tests/kernels/test_landmarks_cpu.py tests/kernels/test_cur_cpu.py \
+	tests/attention/test_nystrom.py tests/attention/test_l1.py tests/attention/test_liza.py tests/kernels/test_landmark_attention_cpu.py tests/kernels/test_cur_cpu.py \
 	tests/kernels/test_pinv_cpu.py tests/attention/test_landmark_stages.py \
 	tests/kernels/test_seqconv_cpu.py tests/kernels/test_selection_cpu.py \
-	tests/attention/test_linear.py tests/attention/test_performer.py
+	tests/attention/test_linear.py tests/attention/test_performer.py tests/attention/test_linformer.py
 ISA ?= default
 
 test-numerics: setup
