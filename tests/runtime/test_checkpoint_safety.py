@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lra.build import build_model
+from lra.build import build_datamodule, build_model, build_module
 from lra.runtime.checkpoints import AtomicCheckpointIO, UnsafeCheckpoint, load_transferred_weights, read_checkpoint
 from lra.runtime.run_dir import checkpoint_step
+from lra.runtime.trainer import build_trainer
 from tests.conftest import compose_config, run_in_process
 
 
@@ -117,6 +118,16 @@ def test_a_resumed_run_dir_with_a_payload_is_refused_and_the_file_kept(trained, 
     assert not marker.exists() and last.is_file()  # not moved aside as *.corrupt: it is named for someone to look at
 
 
+def test_lightning_reads_ckpt_path_through_the_weights_only_reader(poisoned, tiny, tmp_path):
+    """``trainer.test(ckpt_path=...)`` (and ``trainer.fit``'s resume) load through the trainer's checkpoint IO."""
+    path, marker = poisoned
+    cfg = compose_config([*tiny, "logger=none"], tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
+    with pytest.raises(UnsafeCheckpoint, match=rf"^{path} needs io.open to load"):
+        trainer.test(build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=str(path), verbose=False)
+    assert not marker.exists()
+
+
 def rewritten(source: Path, target: Path, change) -> Path:
     checkpoint = torch.load(source, weights_only=True)
     change(checkpoint)
@@ -167,3 +178,21 @@ def test_a_checkpoint_of_another_task_names_both_tasks(trained, tiny, tmp_path):
         load_transferred_weights(build_model(cfg), old, cfg.task)
     record = json.loads((eval_dir / "results.json").read_text())
     assert record["status"] == "failed"
+
+
+RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
+# One committed checkpoint of each format: before the stored settings, with metrics.csv's row count (a GPU run), MEGA.
+FORMATS = ("listops_curformer_sum_full_s0/best-4250.ckpt", "listops_megacur_lr1e-3_3000_gpu_s0/best-2750.ckpt",
+           "listops_megacur_pretrain2500_lr1e-3_full_s0/best-4000.ckpt")
+
+
+def test_committed_checkpoints_of_each_format_load_as_data():
+    """Checkpoints written before this check hold no type beyond torch's weights-only set either."""
+    for name in FORMATS:
+        assert checkpoint_step(RUNS / name) == read_checkpoint(RUNS / name)["global_step"] > 0
+
+
+@pytest.mark.slow
+def test_every_committed_checkpoint_loads_as_data():
+    committed = sorted(RUNS.rglob("*.ckpt"))
+    assert len(committed) > len(FORMATS) and all(checkpoint_step(path) > 0 for path in committed)
