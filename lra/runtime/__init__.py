@@ -17,7 +17,8 @@ Starting a run
 During a run
     ``trainer``         the loggers and the Lightning trainer, with the callbacks and plugins every run gets
     ``callbacks``       Lightning callbacks: checkpoints that follow a moved run dir, last-step validation, NaN stop
-    ``checkpoints``     atomic saves, weights transferred across variants, checkpoint settings
+    ``checkpoints``     atomic saves, weights-only reads (no checkpoint runs code), weights transferred across
+                        variants (refused when they do not fit), checkpoint settings
     ``csv_logger``      ``metrics.csv`` that a resumed run continues
     ``progress``        one progress bar per stage; ``console`` what a run prints (``verbose=true`` for all)
     ``stage_clock``     wall time of a stage summed over the processes of a resumed run
