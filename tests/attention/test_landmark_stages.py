@@ -36,7 +36,9 @@ def inputs(shape, seed=0):
     return [torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
-@pytest.mark.parametrize("n", [96, 97])  # B·H = 6: 48 chunks of 2 positions; 97 (prime): 97 chunks of one
+# B·H = 6: 31 chunks of 65 positions, the last padded with 16 zero rows (1999, prime) or 15 (2000: no divisor of it
+# in [31, 31]); one chunk (97, prime: too short for two 64-token chunks)
+@pytest.mark.parametrize("n", [1999, 2000, 97])
 def test_rows_attention_is_masked_softmax_and_its_gradient(n):
     q_rows, k, v = inputs((2, 3, n, 8))
     q_rows = q_rows[:, :, :5].detach().requires_grad_()
@@ -47,8 +49,9 @@ def test_rows_attention_is_masked_softmax_and_its_gradient(n):
     assert grads[1][1, :, n // 2:].abs().max() == 0 and grads[2][1, :, n // 2:].abs().max() == 0  # pads get nothing
 
 
-def test_columns_attention_is_masked_softmax_and_its_gradient():
-    q, k_cols, w = inputs((2, 3, 64, 8))
+@pytest.mark.parametrize("n", [1999, 64])
+def test_columns_attention_is_masked_softmax_and_its_gradient(n):
+    q, k_cols, w = inputs((2, 3, n, 8))
     k_cols, w = (x[:, :, :6].detach().requires_grad_() for x in (k_cols, w))
     valid = torch.ones(2, 3, 6, dtype=torch.bool)
     valid[0, 1, 4:] = False
@@ -56,15 +59,52 @@ def test_columns_attention_is_masked_softmax_and_its_gradient():
                          dense_softmax(q, k_cols, w, valid[:, :, None, :]), (q, k_cols, w))
 
 
-def test_chunks_fill_two_waves_with_a_divisor_of_n():
-    assert landmark_stages.chunks(4096, 16) == 32  # B 8, H 2: 16 · 32 = 512 programs
-    assert landmark_stages.chunks(4096, 64) == 8  # B 32, H 2
-    assert landmark_stages.chunks(2000, 64) == 5  # ListOps' length: 64 · 5 = 320
-    assert landmark_stages.chunks(4096, 1024) == 1  # the Fig. 4 shapes fill the GPU without a split
-    assert landmark_stages.chunks(97, 16) == 97  # a prime: one position a chunk, still exact
-    for n, batch_heads in [(4096, 16), (2000, 64), (1000, 3), (97, 16)]:
-        c = landmark_stages.chunks(n, batch_heads)
-        assert n % c == 0 and (batch_heads * c >= landmark_stages.TWO_WAVES or c == n)
+def test_split_k_of_any_length_is_the_unchunked_product():
+    """Bit for bit in float64 against one GEMM over ``n`` is not promised (another summation order), to 1e-12 it is;
+    the rows that pad the last chunk are zero, so they add exactly nothing."""
+    for n in (1999, 4093, 2000, 4096, 97):  # 4096: 64 chunks of 64, a view
+        a, b = (x.detach() for x in inputs((1, 2, n, 3))[:2])
+        c, length = landmark_stages.chunks(n, 2)
+        assert (c - 1) * length < n <= c * length and (length >= landmark_stages.MIN_CHUNK or c == 1)
+        a_c, b_c = landmark_stages.chunked(a, c, length), landmark_stages.chunked(b, c, length)
+        assert a_c.shape[-3:] == (c, length, 3) and torch.count_nonzero(a_c.flatten(-3, -2)[..., n:, :]) == 0
+        assert (a_c.data_ptr() == a.data_ptr()) == (c * length == n)  # a view when the chunks divide n
+        torch.testing.assert_close(landmark_stages.split_k(a_c, b_c), a.mT @ b, rtol=1e-12, atol=1e-12)
+        assert torch.equal(landmark_stages.unchunked(a_c, n), a)
+
+
+def test_chunks_fill_two_waves_without_short_chunks():
+    two_waves = landmark_stages.TWO_WAVES
+    assert landmark_stages.chunks(4096, 16) == (32, 128)  # B 8, H 2: 16 · 32 = 512 programs, a divisor: a view
+    assert landmark_stages.chunks(4096, 64) == (8, 512)  # B 32, H 2
+    assert landmark_stages.chunks(2000, 64) == (5, 400)  # ListOps' length: 64 · 5 = 320
+    assert landmark_stages.chunks(4096, 1024) == (1, 4096)  # the Fig. 4 shapes fill the GPU without a split
+    assert landmark_stages.chunks(1999, 16) == (17, 118)  # a prime: 17 chunks, the last padded by 7 rows
+    assert landmark_stages.chunks(97, 16) == (1, 97)  # too short for two chunks of 64
+    for n in (1999, 2000, 4093, 4096, 1000, 130, 65536 + 1):
+        for batch_heads in (1, 3, 16, 64, 300):
+            c, length = landmark_stages.chunks(n, batch_heads)
+            assert (c - 1) * length < n <= c * length  # no empty chunk
+            assert length >= landmark_stages.MIN_CHUNK or c == 1
+            # two waves, else chunks as short as they may be (one more would be shorter than MIN_CHUNK)
+            assert batch_heads * c >= two_waves or length < 2 * landmark_stages.MIN_CHUNK
+
+
+def test_chunk_sort_of_a_prime_length_picks_what_one_sort_picks():
+    """:func:`attention.selection._top_by_sorting` over padded chunks (n = 1999, B·H = 16: 17 chunks of 118) ranks as
+    one stable sort over ``n``: ties, masked tokens, NaN (``force_cls``) and the −inf pads included."""
+    from attention.selection import _top_by_sorting
+
+    generator = torch.Generator().manual_seed(3)
+    priority = torch.randint(0, 40, (8, 2, 1999), generator=generator).float()  # many ties
+    mask = torch.ones(8, 1999, dtype=torch.bool)
+    mask[1, 30:] = False  # 30 real tokens: the m = 64 picks run into the masked ones
+    for force_cls in (False, True):
+        expected = torch.where(mask[:, None, :], priority, -torch.inf)
+        if force_cls:
+            expected[..., 0] = torch.nan
+        expected = expected.sort(dim=-1, descending=True, stable=True).indices[..., :64]
+        assert torch.equal(_top_by_sorting(priority.clone(), mask, 64, force_cls), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
