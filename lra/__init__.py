@@ -1,9 +1,18 @@
 """lra-attention: Long Range Arena training, evaluation, reports and benchmarks."""
 
+import importlib.util
+import sys
 import warnings
 from pathlib import Path
 
-from omegaconf import OmegaConf
+# The packages every command imports first: a Python without them (the venv not activated) gets one line saying so
+# instead of a ModuleNotFoundError from the middle of an import (find_spec looks without importing).
+REQUIRED = ("omegaconf", "hydra", "torch", "lightning")
+if missing := [name for name in REQUIRED if importlib.util.find_spec(name) is None]:
+    sys.exit(f"[lra] FAILED: {sys.executable} has no {', '.join(missing)}: this is not the project's Python. Activate "
+             f"its venv (source .venv/bin/activate, made by `make setup`) or run .venv/bin/python -m lra...")
+
+from omegaconf import OmegaConf  # noqa: E402  (after the check above)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,6 +17,7 @@ none) is refused before a run dir is made (:func:`check_checkpoint`); any other 
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,11 +26,13 @@ import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.config import CONFIG_DIR
 from lra.runtime.config_groups import check_command_line, chosen_values
+from lra.runtime.interrupts import STOP_SIGNALS, STOPPING_SIGNALS, exit_code
 from lra.runtime.unread_keys import explained
 from lra.build import build_module
 from lra.runtime.results import job_overrides, test_accuracies, write_results, write_test_predictions
@@ -62,10 +65,18 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict:
 def hydra_main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     print(f"[lra] run dir: {run_dir}", flush=True)
-    failed = None
+    failed = interrupted = None
+    STOP_SIGNALS.install()  # Ctrl-C / SIGTERM: the test batch in flight ends, then a record and one line
     try:
         cfg = with_checkpoint_settings(cfg, job_overrides(), cfg.ckpt_path)
         metrics = evaluate(cfg, run_dir)
+    except SIGTERMException:
+        signum = STOP_SIGNALS.received or signal.SIGTERM
+        path = write_results(run_dir, cfg, "interrupted", error=f"{STOPPING_SIGNALS[signum]}: not evaluated to the end",
+                             transferred_from=str(cfg.ckpt_path))
+        interrupted = (f"[lra] INTERRUPTED by {STOPPING_SIGNALS[signum]} during the evaluation: {path} records it; "
+                       f"nothing else was kept (an evaluation does not resume): re-run the command to evaluate "
+                       f"again", exit_code(signum))
     except Exception as error:  # one [lra] FAILED: line, printed last; the traceback in <run dir>/error.log
         failed = failure(run_dir, cfg, error, True, cfg.get("verbose") or HydraConfig.get().verbose,
                          transferred_from=str(cfg.ckpt_path))
@@ -73,6 +84,9 @@ def hydra_main(cfg: DictConfig) -> float:
         path = write_results(run_dir, cfg, "completed", **metrics)
     finally:
         finish_wandb()
+    if interrupted is not None:
+        print(interrupted[0], file=sys.stderr, flush=True)
+        raise SystemExit(interrupted[1])
     if failed is not None:
         print(failed, file=sys.stderr, flush=True)
         raise SystemExit(1)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from lra import REPO_ROOT
 from lra.analysis.comparability import PUBLISHED
 from lra.analysis.report_rows import Row, group_runs
 from lra.analysis.report_runs import collect, wandb_runs
@@ -64,12 +65,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    missing = [str(path) for path in args.dirs if not path.is_dir()]
+    missing = [path for path in args.dirs if not path.is_dir()]
     if missing:
-        print(f"[lra] FAILED: not a directory: {', '.join(missing)}; give run or sweep dirs (e.g. outputs/runs, "
-              f"outputs/multirun/<date_time.µs>, or docs/runs)", file=sys.stderr)
+        checkout = [REPO_ROOT / path for path in missing if not path.is_absolute() and (REPO_ROOT / path).is_dir()]
+        hint = (f"; relative to {Path.cwd()}: the checkout's is {', '.join(map(str, checkout))}, give that" if checkout
+                else "; give run or sweep dirs (e.g. outputs/runs, outputs/multirun/<date_time.µs>, or docs/runs)")
+        print(f"[lra] FAILED: not a directory: {', '.join(map(str, missing))}{hint}", file=sys.stderr)
         return 1
-    runs = collect(args.dirs) + (wandb_runs(args.wandb, args.group) if args.wandb else [])
+    try:
+        online = wandb_runs(args.wandb, args.group) if args.wandb else []
+    except Exception as error:  # no login, no network: one line (wandb_runs names the fix), not a traceback
+        print(f"[lra] FAILED: --wandb {args.wandb}: {' '.join(str(error).split()) or type(error).__name__}",
+              file=sys.stderr)
+        return 1
+    runs = collect(args.dirs) + online
     if not runs:
         print(f"[lra] FAILED: no readable runs (results.json or .hydra job dirs) under "
               f"{', '.join(map(str, args.dirs))}; give the dir of a run or sweep of lra.train (e.g. outputs/runs, "

@@ -114,7 +114,11 @@ def choose_baseline(rows: list[Row], wanted: str | None) -> tuple[Row | None, st
     reasons = []
     for attention in DEFAULT_BASELINES:
         plain = next((row for row in rows if row.attention == attention and row.plain), None)
-        if (reason := unusable(plain, attention)) is None:
+        others = [row.label() for row in rows if row.attention == attention]
+        reason = (f"the {attention} row{'s' if len(others) > 1 else ''} ({'; '.join(others)}) "
+                  f"change{'' if len(others) > 1 else 's'} the plain recipe"
+                  if plain is None and others else unusable(plain, attention))
+        if reason is None:
             return plain, f"the plain-recipe {attention} row" + (f" ({' and '.join(reasons)})" if reasons else "")
         reasons.append(reason)
     for row in rows:
@@ -148,7 +152,7 @@ def summarize(rows: list[Row], tables: dict, baseline: str | None = None) -> lis
         independent_mean, independent_std = percent_stats(row, "independent_test_acc")
         speed, memory = row.values("samples_per_s"), row.values("peak_mem_bytes")
         steps, seconds = row.values("steps"), row.values("train_time_s")
-        published = published_for(row, tables) if row.runs else None
+        published = published_for(row, tables) if row.completed() else None  # nothing of ours to set beside it
         compared = independent_mean if independent_mean is not None else test_mean
         cue, shortcut = shortcut_scores(row)
         chosen, why = baselines[row.task]

@@ -19,6 +19,8 @@ During a run
     ``callbacks``       Lightning callbacks: checkpoints that follow a moved run dir, last-step validation, NaN stop
     ``checkpoints``     atomic saves, weights-only reads (no checkpoint runs code), weights transferred across
                         variants (refused when they do not fit), checkpoint settings
+    ``data_checks``     before step 1: labels / token ids against the model's sizes, the data a resume trains on
+                        against its checkpoint's (``accept_changed_data``), the best checkpoint still there
     ``csv_logger``      ``metrics.csv`` that a resumed run continues
     ``progress``        one progress bar per stage; ``console`` what a run prints (``verbose=true`` for all)
     ``stage_clock``     wall time of a stage summed over the processes of a resumed run

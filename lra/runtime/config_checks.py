@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lra.config_keys import PROBABILITY_NODES, check_probabilities
@@ -32,6 +33,11 @@ def validate(cfg: DictConfig) -> None:
                          f"truncated to it; e.g. task.max_length=2000 (ListOps in LRA)")
     if not is_int(cfg.task.batch_size) or cfg.task.batch_size < 1:
         raise ValueError(f"task.batch_size must be an integer >= 1 (got {cfg.task.batch_size!r}); e.g. task.batch_size=32")
+    accelerator = OmegaConf.select(cfg, "trainer.accelerator")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.accelerator={accelerator} (trainer=gpu / ddp) needs a CUDA GPU and torch sees none "
+                         f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'not built in'}): train on the CPU "
+                         f"with trainer=cpu (the default), or run this on a machine with a GPU")
     workers = OmegaConf.select(cfg, "task.datamodule.num_workers")
     if workers is not None and (not is_int(workers) or workers < 0):
         raise ValueError(f"task.datamodule.num_workers must be an integer >= 0 (got {workers!r}): the data loader "

@@ -50,6 +50,8 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], dict]) -> float
     STOP_SIGNALS.install()
     owner = took_lock = False  # owner: whether this run may write its record here (once the dir's settings match)
     interrupted = failed = None  # the line to print last, after the loggers have closed
+    if not multirun:  # a resume names the whole command: `make train` passes none of its overrides on a re-run
+        same_dir = f"hydra.run.dir={hydra_value(str(run_dir))}"
     try:  # from here on a SIGTERM or SIGINT is recorded as an interruption, wherever it lands
         print(f"[lra] run dir: {run_dir} (code: {git_commit()})", flush=True)
         took_lock = hold(run_dir, dir_key)  # a sweep job locks its dir here; a single run holds it (RunDirOwner)
@@ -78,6 +80,8 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], dict]) -> float
             release(run_dir)
     if interrupted is not None:
         message, code = interrupted
+        if not multirun:
+            message += f"; the command: {resume_command(run_dir)}"
         print(message, flush=True)
         if multirun:
             sweep_dir = Path(hydra_cfg.sweep.dir)
@@ -130,3 +134,22 @@ def continue_command(run_dir: Path, cfg: DictConfig, record: dict) -> str:
     overrides = [o for o in job_overrides() if not o.lstrip("+").startswith(("init_from=", "pretrain.steps="))]
     pretrained = ["pretrain.steps=0"] if cfg.pretrain.steps else []  # init_from and pretraining exclude each other
     return shlex.join(["python", "-m", "lra.train", *overrides, *pretrained, f"init_from={checkpoint}"])
+
+
+def hydra_value(text: str) -> str:
+    """``text`` as a Hydra override value: as it is where Hydra reads it back unchanged, else quoted (a non-ASCII
+    character or a bracket ends an unquoted value: ``hydra.run.dir="/tmp/é"``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        if OverridesParser.create().parse_override(f"key={text}").value() == text:
+            return text
+    except Exception:
+        pass
+    return f'"{text}"' if '"' not in text else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def resume_command(run_dir: Path) -> str:
+    """The ``python -m lra.train`` command that resumes this run, quoted for a shell (``shlex``): this job's
+    overrides and ``hydra.run.dir`` (what ``make train`` cannot pass on)."""
+    return shlex.join(["python", "-m", "lra.train", *job_overrides(), f"hydra.run.dir={hydra_value(str(run_dir))}"])

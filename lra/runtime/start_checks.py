@@ -69,8 +69,17 @@ def fail(problems: list[str]) -> SystemExit:
 class StartChecks(Callback):
     """The checks of the module docstring, before :class:`lra.runtime.run_lock.RunDirOwner` makes the dir."""
 
+    @staticmethod
+    def additions(config: DictConfig) -> list[str]:
+        """The unread keys the command adds; ``lra.evaluate`` (a ``ckpt_path``) builds the ``attention`` and ``model``
+        nodes from the checkpoint's settings, so keys under them are checked when it builds them."""
+        overrides = list(config.hydra.overrides.task)
+        if "ckpt_path" in config:
+            overrides = [o for o in overrides if not o.lstrip("+").startswith(("attention.", "model."))]
+        return unread_additions(config, overrides)
+
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problems = unread_additions(config, list(config.hydra.overrides.task))
+        problems = self.additions(config)
         if (sweep := sweep_problem(config)) is not None:
             problems.append(sweep)
         run_dir = Path(str(config.hydra.run.dir))
@@ -83,7 +92,7 @@ class StartChecks(Callback):
             raise fail(problems)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problems = unread_additions(config, list(config.hydra.overrides.task))
+        problems = self.additions(config)
         if given(config, "hydra.run.dir"):
             problems.append(f"-m (a multirun) writes its jobs under hydra.sweep.dir and would ignore hydra.run.dir: "
                             f"give hydra.sweep.dir=<dir> instead (re-running a sweep into the same hydra.sweep.dir "

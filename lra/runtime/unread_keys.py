@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
@@ -169,6 +170,26 @@ def explained(entry) -> None:
     try:
         entry()
     except SystemExit as exit_:
-        if exit_.code == 1 and (message := missing_key_message(sys.argv[1:])) is not None:
+        if exit_.code == 1 and (message := unquoted_text(sys.argv[1:]) or missing_key_message(sys.argv[1:])):
             print(message, file=sys.stderr, flush=True)
         raise
+
+
+def unquoted_text(argv: list[str]) -> str | None:
+    """The line for an override whose value Hydra cannot read unquoted because of a non-ASCII character
+    (``hydra.run.dir=/tmp/é``: Hydra's "token recognition error"), with the quoted form, or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lra.runtime.job import hydra_value
+
+    for text in argv:
+        if "=" not in text or text.isascii() or text.startswith("-"):
+            continue
+        try:
+            OverridesParser.create().parse_override(text)
+        except Exception:
+            key, value = text.split("=", 1)
+            quoted = shlex.quote(f"{key}={hydra_value(value)}")
+            return (f"[lra] FAILED: {text}: Hydra reads a value with non-ASCII characters only in quotes: write "
+                    f"{quoted} (quotes for Hydra inside quotes for the shell). Nothing was run or written")
+    return None

@@ -28,6 +28,7 @@ datamodule's state and restored with it.
 from __future__ import annotations
 
 import abc
+import errno
 import functools
 import hashlib
 import json
@@ -105,6 +106,16 @@ def first_bad_example(data: TokenizedSplit, num_classes: int | None, vocab_size:
                 found.append((index, f"token id {int(token[0])} outside 0..{vocab_size - 1} (task.vocab_size)"))
                 break
     return min(found) if found else None
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether ``error``, or one it was raised from or while handling, is a full disk or quota (``torch.save``
+    reports one as ``RuntimeError: [enforce fail at inline_container.cc:...]``, raised while handling the ENOSPC)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def data_fingerprint(splits: dict[str, TokenizedSplit]) -> str:
@@ -259,7 +270,14 @@ class CachedDataModule(L.LightningDataModule, abc.ABC):
                     remove_partial_writes(path.parent, path.name)  # of a build killed mid-write (we hold its lock)
                     data = self.checked(split, self.read_split(split))
                     payload = {"settings": settings, "ids": data.ids, "lengths": data.lengths, "labels": data.labels}
-                    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+                    try:
+                        atomic_write(path, lambda tmp: torch.save(payload, tmp))
+                    except Exception as error:
+                        if not disk_full(error):
+                            raise
+                        raise OSError(errno.ENOSPC, f"disk full while writing the data cache {path} (torch.save: "
+                                      f"{str(error).splitlines()[0][:120]}): nothing of it was kept; free space "
+                                      f"there, or cache on another disk with paths.cache_dir=<dir>") from error
         return self.checked(split, data)
 
     def checked(self, split: str, data: TokenizedSplit) -> TokenizedSplit:

@@ -241,3 +241,27 @@ def test_the_committed_listops_runs_print_a_narrow_table_without_the_data(capsys
     assert {row["cue indep. %"] for row in rows if row["indep. test %"] != "-"} == {"35.92"}
     (baseline,) = [row for row in rows if row["p (McNemar)"] == "baseline"]
     assert baseline["setting"] == "—" and float(baseline["indep. test %"]) > 30  # plain recipe, off the plateau
+
+
+def test_a_row_of_failed_runs_has_no_published_number_beside_it(tmp_path):
+    """The published number stands beside our mean; a row without a completed run has none to compare."""
+    tables = yaml.safe_load(report.PUBLISHED.read_text())
+    for seed in (0, 1):
+        write_run(tmp_path, f"failed{seed}", "listops", "curformer", seed, None, status="failed",
+                  config={"attention": {"name": "curformer", "selection": "abs"}})
+    (row,) = report.summarize(report.group_runs(report.collect([tmp_path]))[0], tables)
+    assert row["failed"] == 2 and row["published"] is None and row["delta"] is None
+
+
+def test_a_relative_dir_from_elsewhere_and_wandb_without_login_are_one_line(tmp_path, capsys, monkeypatch):
+    """``lra-report docs/runs`` run from another dir names the checkout's dir; ``--wandb`` without a login says so in
+    one line (no network is reached: W&B refuses before, lacking a key)."""
+    monkeypatch.chdir(tmp_path)
+    assert report.main(["docs/runs"]) == 1
+    assert capsys.readouterr().err == (f"[lra] FAILED: not a directory: docs/runs; relative to {tmp_path}: the "
+                                       f"checkout's is {REPO_ROOT / 'docs' / 'runs'}, give that\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert report.main(["--wandb", "someone/lra-attention"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("[lra] FAILED: --wandb someone/lra-attention: could not read W&B runs") and "wandb login" in line

@@ -76,7 +76,8 @@ def test_no_plain_row_off_chance_means_no_default_baseline(tmp_path, capsys):
     header, _ = table_rows(out, "listops")
     assert "p (McNemar)" not in header
     assert ("p (McNemar): none: no plain-recipe row has predictions off chance (the plain-recipe softmax row has a run "
-            "at chance and no plain-recipe curformer row); --baseline ROW chooses one.") in out
+            "at chance and the curformer row (curformer selection=sum) changes the plain recipe); --baseline ROW chooses "
+            "one.") in out
 
 
 def test_baseline_chosen_by_label_and_refused_when_it_names_no_row(runs, capsys):

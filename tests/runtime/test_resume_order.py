@@ -257,9 +257,12 @@ def test_a_stop_during_the_final_test_resumes_to_the_uninterrupted_record(train_
     """Ctrl-C during the final test (which has loaded the best checkpoint): the interrupted record keeps all of fit's
     validation curve, last.ckpt stays fit's last state (not the best checkpoint's, which the test loaded), and the
     resumed run's metrics.csv (its test row's epoch and step), results and predictions equal a run never stopped."""
-    run_dir = tmp_path / "stopped_in_test"
+    run_dir = tmp_path / "stopped in test"  # a space: the printed command quotes it
     stopped = train_run(run_dir, "shuffled", env={"LRA_FAULT_SIGINT_IN_TEST_AT": "0"})
     assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    # the whole command, for a shell: `make train` passes no overrides on, so "the same command" would not resume
+    assert f"the command: python -m lra.train task=listops_small task.data_dir=" in stopped.stdout
+    assert stopped.stdout.rstrip().endswith(f"+callbacks.faults._target_=tests.faults.Faults 'hydra.run.dir={run_dir}'")
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "interrupted" and record["steps"] == 10
     assert [point[0] for point in record["val_curve"]] == [3, 6, 9, 10]

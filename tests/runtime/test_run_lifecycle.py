@@ -180,7 +180,7 @@ def test_a_stop_before_training_starts_is_an_interruption(tiny_listops_overrides
 def test_a_failure_prints_its_line_last_and_its_traceback_to_error_log(tiny_listops_overrides, tmp_path):
     """The clear line is the last thing on the console (stdout and stderr together); the traceback is in
     ``error.log``, and on the console too with HYDRA_FULL_ERROR=1."""
-    command = [sys.executable, "-m", "lra.train", *tiny_listops_overrides, "+attention.num_landmark=32",
+    command = [sys.executable, "-m", "lra.train", *tiny_listops_overrides, "task.datamodule.num_workers=-1",
                f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
@@ -192,13 +192,13 @@ def test_a_failure_prints_its_line_last_and_its_traceback_to_error_log(tiny_list
             proc = run_in_process(command[1:], env={"HYDRA_FULL_ERROR": full_error}, merge_output=True)
         assert proc.returncode == 1, proc.stdout[-3000:]
         lines = proc.stdout.strip().splitlines()
-        assert lines[-1].startswith("[lra] FAILED: ValueError: attention.num_landmark is not a key of attention=softmax "
-                                    "(attention.softmax.SoftmaxAttention): the keys it takes: dropout")
+        assert lines[-1].startswith("[lra] FAILED: ValueError: task.datamodule.num_workers must be an integer >= 0 "
+                                    "(got -1)")
         assert f"traceback in {tmp_path / 'error.log'}" in lines[-1]
         assert ("Traceback (most recent call last)" in proc.stdout) == (full_error == "1")
-        assert "in check_keys" in (tmp_path / "error.log").read_text()
+        assert "in validate" in (tmp_path / "error.log").read_text()
         record = json.loads((tmp_path / "results.json").read_text())
-        assert record["status"] == "failed" and record["error"].startswith("ValueError: attention.num_landmark")
+        assert record["status"] == "failed" and record["error"].startswith("ValueError: task.datamodule.num_workers")
 
 
 def test_evaluate_writes_under_outputs_evaluations():

@@ -71,3 +71,52 @@ def test_a_folder_lra_did_not_make_is_not_written_over(tmp_path):
     (folder / ".hydra").mkdir()
     assert foreign_files(folder) == []
     assert foreign_files(tmp_path / "new") == []
+
+
+@pytest.mark.parametrize("value, quoted", [("/tmp/x", "/tmp/x"), ("/tmp/a b", "/tmp/a b"), ("/tmp/é", '"/tmp/é"'),
+                                           ('/tmp/q"é', "'/tmp/q\"é'")])
+def test_a_run_dir_is_written_as_hydra_reads_it_back(value, quoted):
+    """The resume command quotes for Hydra what its parser would not read unquoted (a non-ASCII character)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lra.runtime.job import hydra_value
+
+    assert hydra_value(value) == quoted
+    assert OverridesParser.create().parse_override(f"hydra.run.dir={quoted}").value() == value
+
+
+def test_an_unquoted_non_ascii_run_dir_gets_the_quoted_form(tmp_path):
+    run_dir = tmp_path / "é"
+    result = run_in_process(["-m", "lra.train", f"hydra.run.dir={run_dir}"])
+    assert result.returncode == 1 and not run_dir.exists()
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"[lra] FAILED: hydra.run.dir={run_dir}: Hydra reads a value with non-ASCII characters only in quotes: write "
+        f"'hydra.run.dir=\"{run_dir}\"' (quotes for Hydra inside quotes for the shell). Nothing was run or written")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without a GPU")
+def test_trainer_gpu_without_a_gpu_is_one_line():
+    from lra.runtime.config_checks import validate
+    from tests.conftest import compose_config
+
+    with pytest.raises(ValueError, match=r"^trainer.accelerator=gpu \(trainer=gpu / ddp\) needs a CUDA GPU and torch "
+                                         r"sees none .*: train on the CPU with trainer=cpu"):
+        validate(compose_config(["trainer=gpu"]))
+
+
+@pytest.mark.parametrize("module", ["lra.train", "lra.analysis.report"])
+def test_a_python_without_the_packages_points_to_the_venv(module):
+    """``python -S`` (no site-packages: a Python outside the venv): one line naming what is missing and the venv,
+    not a ModuleNotFoundError from inside an import."""
+    import os
+    import subprocess
+    import sys
+
+    from lra import REPO_ROOT
+
+    result = subprocess.run([sys.executable, "-S", "-m", module], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"[lra] FAILED: {sys.executable} has no omegaconf, hydra, torch, lightning: this is not the project's Python. "
+        f"Activate its venv (source .venv/bin/activate, made by `make setup`) or run .venv/bin/python -m lra..."]

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from lra import REPO_ROOT
 from lra.tasks import listops
@@ -69,14 +70,14 @@ def test_a_file_edited_in_place_to_the_same_size_rebuilds_the_cache(tmp_path):
     old_cache = before.cache_path("test")
     path = tmp_path / "data" / "basic_test.tsv"
     lines = path.read_text().splitlines()
-    source, target = lines[1].split("\t")
-    lines[1] = f"{source}\t{(int(target) + 1) % 10}"  # one label changed: same size, other content
-    time.sleep(0.01)  # past the file system's timestamp tick
+    lines[1], lines[2] = lines[2], lines[1]  # two examples swapped: same size, other content (a label edited alone
+    time.sleep(0.01)  # past the file system's timestamp tick                      is no longer its tree's value)
     path.write_text("\n".join(lines) + "\n")
     after = module(tmp_path / "data", tmp_path / "cache")
     after.setup()
     assert after.cache_path("test") != old_cache
-    assert after.splits["test"].labels[0] == (before.splits["test"].labels[0] + 1) % 10
+    assert after.splits["test"].ids[0].equal(before.splits["test"].ids[1])
+    assert after.splits["test"].labels[0] == before.splits["test"].labels[1]
     assert after.splits["train"].ids.equal(before.splits["train"].ids)
 
 
@@ -168,3 +169,22 @@ def test_the_temporary_file_of_a_killed_cache_write_is_removed_by_the_next_build
     module.setup()
     assert target.is_file() and not left.exists()
     assert not list(target.parent.glob(".*.tmp"))
+
+
+def test_a_full_disk_while_caching_names_the_file_and_keeps_nothing(tiny_listops, tmp_path, monkeypatch):
+    """``torch.save`` into a disk with 1,000 bytes left (tests/faults.py): one OSError naming the cache file and the
+    fix, instead of torch's "enforce fail at inline_container.cc"; no cut-short cache is left."""
+    from tests.faults import FullDiskFile
+
+    real_save = torch.save
+
+    def save_on_a_full_disk(obj, target):
+        with FullDiskFile(target, "wb") as handle:
+            real_save(obj, handle)
+
+    monkeypatch.setattr(torch, "save", save_on_a_full_disk)
+    data = module(tiny_listops, tmp_path / "cache")
+    with pytest.raises(OSError, match=r"disk full while writing the data cache .*/train\.pt \(torch\.save: .*free space "
+                                      r"there, or cache on another disk with paths\.cache_dir=<dir>"):
+        data.setup()
+    assert not [path for path in (tmp_path / "cache").rglob("*") if path.is_file()]
