@@ -111,12 +111,19 @@ def shared_memory_estimate(tiles: dict, sizes: dict, loop_copies: int, operand_b
 @dataclass(frozen=True)
 class PlannedLaunch:
     """One kernel launch as :func:`recording` saw it: ``kernel`` name, ``grid``, the serial ``loop`` each program
-    runs (what it walks, and how many iterations), and ``tensors``: ``(shape, dtype)`` of each tensor argument."""
+    runs (what it walks, and how many iterations), and ``tensors``: ``(shape, dtype)`` of each tensor argument;
+    ``fn``, ``config``, ``pointers`` (Triton pointer types of its tensor arguments) and ``floats`` (its float scalar
+    arguments): what :func:`kernels.common.aot.compile_jit` needs to compile the launch (its registers and shared
+    memory, for ``lra.bench plan --predict``)."""
 
     kernel: str
     grid: tuple[int, ...]
     loop: tuple[str, int]
     tensors: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    fn: object = field(default=None, compare=False, repr=False)
+    config: LaunchConfig | None = field(default=None, compare=False, repr=False)
+    pointers: dict = field(default_factory=dict, compare=False, repr=False)
+    floats: tuple[str, ...] = ()
 
     @property
     def programs(self) -> int:
@@ -163,7 +170,10 @@ def launch(fn, grid, config: LaunchConfig, kinds: dict[str, str], *args, loop: t
     if _RECORDER and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
         tensors = tuple((tuple(a.shape), a.dtype) for a in args if isinstance(a, torch.Tensor))
         name = getattr(getattr(fn, "fn", fn), "__name__", str(fn))
-        _RECORDER["launches"].append(PlannedLaunch(name, tuple(int(g) for g in grid), (loop[0], int(loop[1])), tensors))
+        names = getattr(fn, "arg_names", ())
+        floats = tuple(arg for arg, value in zip(names, args) if isinstance(value, float))
+        _RECORDER["launches"].append(PlannedLaunch(name, tuple(int(g) for g in grid), (loop[0], int(loop[1])), tensors,
+                                                   fn, config, pointer_types(kinds, args[0].dtype), floats))
         return
     if interpreted():
         found = {name: "*" + TRITON_TYPES[a.dtype] for name, a in zip(fn.arg_names, args) if isinstance(a, torch.Tensor)}

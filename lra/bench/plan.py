@@ -20,14 +20,19 @@ Grids of ATen's CUDA kernels follow their launch rules, simplified to the fewest
 3. in a bf16 run, no n-dependent tensor in float32 beyond one value per token and head (per-row statistics, as
    flash attention's log-sum-exp).
 
-Writes ``plan.csv`` (one row per kernel) under ``--out``.
+With ``--predict h100|h200|a100`` each kernel also gets FLOPs, bytes, occupancy and a predicted time, the layer its
+eager and one-graph totals against SDPA's (:mod:`lra.bench.roofline`, :mod:`lra.bench.predict`), and a fourth rule:
+
+4. no kernel on fewer programs than the GPU has SMs is predicted above 5 % of SDPA's forward + backward at the shape.
+
+Writes ``plan.csv`` (one row per kernel; ``predict.csv`` with ``--predict``) under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.common import launch as triton_launch
 from kernels.common.launch import SMS, TWO_WAVES
-from lra.bench import common, launches
+from lra.bench import common, launches, predict, roofline
 
 aten = torch.ops.aten
 CAPABILITY = 90  # the Triton launches are computed as on sm_90 (H100/H200)
@@ -52,6 +57,7 @@ ATTENTION = {aten._scaled_dot_product_efficient_attention, aten._scaled_dot_prod
 ATTENTION_BACKWARD = {aten._scaled_dot_product_efficient_attention_backward,
                       aten._scaled_dot_product_flash_attention_backward,
                       aten._scaled_dot_product_cudnn_attention_backward}
+PER_TOKEN_SLACK = 1.5  # growth from n to 2n up to 1.5 values per token and head counts as one: chunk padding
 COLUMNS = ["variant", "batch", "n", "heads", "head_dim", "landmarks", "dtype", "index", "phase", "kernel", "programs",
            "loop", "trips", "n_dependent", "n_sized_dtypes", "violation"]
 
@@ -74,6 +80,7 @@ class Kernel:
     attention: tuple[int, int] | None = None
     n_dependent: bool = False
     n_sized: tuple[torch.dtype, ...] = ()
+    launch: object = field(default=None, compare=False, repr=False)  # a Triton kernel's PlannedLaunch
 
 
 def _tensors(values) -> list[torch.Tensor]:
@@ -176,7 +183,7 @@ class PlanMode(TorchDispatchMode):
                 tensors = tuple((math.prod(shape), dtype) for shape, dtype in launch.tensors)
                 work = sum(numel for numel, _ in tensors)  # the elements it reads and writes
                 self.kernels.append(Kernel(f"{func._schema.name}:{launch.kernel}", self.phase, launch.programs,
-                                           launch.loop[0], launch.loop[1], work, tensors))
+                                           launch.loop[0], launch.loop[1], work, tensors, launch=launch))
             del self.recorded[seen:]
             return out
         out = func(*args, **kwargs)
@@ -185,17 +192,18 @@ class PlanMode(TorchDispatchMode):
         return out
 
 
-def trace(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype) -> list[Kernel]:
+def trace(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype, capability: int = CAPABILITY) -> list[Kernel]:
     """The kernels of ``module(*args, **kwargs)``'s forward and backward (:func:`lra.bench.launches.forward_backward`:
-    after one unrecorded warm-up call)."""
-    with triton_launch.recording(CAPABILITY) as recorded:
+    after one unrecorded warm-up call), Triton's launched as on ``sm_<capability>``."""
+    with triton_launch.recording(capability) as recorded:
         return launches.forward_backward(module, args, kwargs, dtype, PlanMode(recorded)).kernels
 
 
 def compare(kernels: list[Kernel], doubled: list[Kernel], per_token: int) -> list[Kernel]:
     """``kernels`` with ``n_dependent`` (its loop grows, or its work by more than ``per_token``) and ``n_sized`` set
     from the same launches at ``2n`` (``doubled``); ``per_token``: ``B·H·n``, the growth of a tensor holding one value
-    per token and head."""
+    per token and head (times :data:`PER_TOKEN_SLACK`: a per-token tensor padded to whole chunks,
+    :func:`attention.landmark_stages.chunks`, grows by a little more)."""
     names, doubled_names = [k.kernel for k in kernels], [k.kernel for k in doubled]
     if names != doubled_names:
         raise RuntimeError("lra.bench plan: the layer launches other kernels at 2n than at n; the plan compares "
@@ -203,8 +211,8 @@ def compare(kernels: list[Kernel], doubled: list[Kernel], per_token: int) -> lis
     compared = []
     for kernel, twice in zip(kernels, doubled):
         n_sized = tuple(dtype for (numel, dtype), (numel2, _) in zip(kernel.tensors, twice.tensors)
-                        if dtype.is_floating_point and numel2 - numel > per_token)
-        grows = twice.trips > kernel.trips or twice.work - kernel.work > per_token
+                        if dtype.is_floating_point and numel2 - numel > PER_TOKEN_SLACK * per_token)
+        grows = twice.trips > kernel.trips or twice.work - kernel.work > PER_TOKEN_SLACK * per_token
         compared.append(replace(kernel, n_dependent=grows, n_sized=n_sized))
     return compared
 
@@ -221,13 +229,15 @@ def violations(kernel: Kernel, dtype: torch.dtype) -> list[str]:
     return broken
 
 
-def plan_variant(variant: common.Variant, args: argparse.Namespace, batch: int) -> list[Kernel]:
-    """The compared kernels (:func:`compare`) of ``variant``'s attention layer at ``batch`` × ``args.n``."""
+def plan_variant(variant: common.Variant, args: argparse.Namespace, batch: int, cfg=None,
+                 capability: int = CAPABILITY) -> list[Kernel]:
+    """The compared kernels (:func:`compare`) of ``variant``'s attention layer at ``batch`` × ``args.n``; ``cfg``: its
+    composed config (:func:`lra.bench.launches.variant_config`) with ``task.max_length ≥ 2n``, composed at ``2n`` if
+    not given (one config for both runs: only Linformer reads the length, and slices its projections to ``n``)."""
     dtype = common.DTYPES[args.dtype]
-    runs = []
-    for n in (args.n, 2 * args.n):
-        cfg = launches.variant_config(variant, argparse.Namespace(**{**vars(args), "n": n}))
-        runs.append(trace(*launches.attention_call(cfg, batch, n), dtype))
+    if cfg is None:
+        cfg = launches.variant_config(variant, argparse.Namespace(**{**vars(args), "n": 2 * args.n}))
+    runs = [trace(*launches.attention_call(cfg, batch, n), dtype, capability) for n in (args.n, 2 * args.n)]
     return compare(*runs, per_token=batch * args.heads * args.n)
 
 
@@ -239,20 +249,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--landmarks", type=int, default=64,
                         help="attention.num_landmarks of the variants that have the key (m)")
+    parser.add_argument("--predict", choices=sorted(roofline.GPUS),
+                        help="also predict each kernel's time on this GPU and the layer's against SDPA's "
+                             "(lra/bench/roofline.py; writes predict.csv)")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
     """One row per kernel of every variant and batch size; prints each plan and the rules' verdict."""
     out = Path(args.out) if args.out else common.default_out_dir()
     dtype = common.DTYPES[args.dtype]
-    rows = []
+    gpu = roofline.GPUS[args.predict] if args.predict else None
+    rows, predicted = [], []
     variants = common.select_variants(args.variants or ["curformer", "flashcur", "nystromformer"], args.variant_overrides)
     for variant in variants:
         for batch in args.batches:
             head = {"variant": variant.label, "batch": batch, "n": args.n, "heads": args.heads,
                     "head_dim": args.head_dim, "landmarks": args.landmarks, "dtype": args.dtype}
             try:
-                kernels = plan_variant(variant, args, batch)
+                kernels = plan_variant(variant, args, batch, capability=gpu.capability if args.predict else CAPABILITY)
             except (RuntimeError, ValueError, NotImplementedError) as error:
                 print(f"\n{variant.label}, B {batch}: not planned ({type(error).__name__}: {str(error).splitlines()[0]})")
                 continue
@@ -274,7 +288,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                 ("loop", "loop", str), ("trips", "trips", str), ("n_dependent", "grows with n", lambda v: "yes" if v else ""),
                 ("n_sized_dtypes", "n-sized dtypes", str), ("violation", "breaks", str),
             ]))
+            if gpu is not None:
+                predicted += predict.report(variant, kernels, args, batch, gpu)
     common.write_csv(rows, COLUMNS, out / "plan.csv")
+    if gpu is not None:
+        common.write_csv(predicted, predict.COLUMNS, out / "predict.csv")
     print(f"\nprograms as launched on a {SMS}-SM GPU (Triton launches computed for sm_{CAPABILITY}); "
           f"counted with torch {torch.__version__}\nwrote {out / 'plan.csv'}")
     return rows

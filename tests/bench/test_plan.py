@@ -1,20 +1,25 @@
 """``python -m lra.bench plan``: the launch plan of the CUDA path, computed on the CPU (meta device), and its rules.
 
 The rules (:func:`lra.bench.plan.violations`) hold for the landmark variants at the attention benchmark's shape
-(B 8, H 2, n 4096, d 32, m 64) and the Text training shape (B 32); the forms they replaced (one attention kernel
-given the 64 landmark queries, in float32) break all three, so the rules can fail; grids follow the stated rules.
+(B 8, H 2, d 32, m 64) and the Text training shape (B 32), at n 4096 and at lengths without a convenient divisor
+(1999 and 4093, primes; 2000); the forms they replaced (one attention kernel given the 64 landmark queries, in
+float32) break all three, so the rules can fail; grids follow the stated rules. The time model of ``--predict``
+(:mod:`lra.bench.roofline`) on hand-made launches: roofline, wave quantisation, and the fourth rule.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lra.bench import common, launches, roofline
 from lra.bench.__main__ import main
-from lra.bench.plan import aten_kernel, compare, trace, violations
+from lra.bench.plan import Kernel, aten_kernel, compare, plan_variant, trace, violations
 
 
 def read_csv(path) -> list[dict]:
@@ -65,11 +70,11 @@ def test_grid_rules_by_hand():
 
 
 def test_plan_command_rules_hold_for_the_landmark_variants(tmp_path):
-    main(["plan", "--variants", "curformer", "flashcur", "nystromformer", "--variant-overrides", "--out",
-          str(tmp_path)])
+    main(["plan", "--variants", "curformer", "flashcur", "nystromformer", "--variant-overrides", "--batches", "8",
+          "--out", str(tmp_path)])  # B 32 and other lengths: test_rules_hold_at_any_length
     rows = read_csv(tmp_path / "plan.csv")
     for variant in ("curformer", "flashcur", "nystromformer"):
-        for batch in ("8", "32"):
+        for batch in ("8",):
             planned = [r for r in rows if r["variant"] == variant and r["batch"] == batch]
             assert planned, f"{variant} at B {batch} was not planned"
             assert [r for r in planned if r["violation"]] == [], variant
@@ -78,3 +83,60 @@ def test_plan_command_rules_hold_for_the_landmark_variants(tmp_path):
     softmax = [r for r in rows if r["variant"] == "softmax" and r["batch"] == "8"]
     attention = [r for r in softmax if "attention" in r["kernel"]]
     assert [int(r["programs"]) for r in attention] == [8 * 2 * 4096 // 64] * 2  # SDPA: 64 queries (keys) a program
+
+
+@pytest.mark.parametrize("variant", ["curformer", "flashcur", "nystromformer"])
+def test_rules_hold_at_any_length(variant):
+    """Primes and 2000 (ListOps' length) plan as 4096 does: no chunk of one token, no short grid, no float32 n-sized
+    tensor. One config per variant (composed at 2 · 4096, the longest run), traced at each n and 2n on meta."""
+    shape = dict(heads=2, head_dim=32, landmarks=64, dtype="bf16", variants=None, variant_overrides=[])
+    chosen = common.select_variants([variant], [])[-1]
+    cfg = launches.variant_config(chosen, argparse.Namespace(n=2 * 4096, **shape))
+    for n in (1999, 2000, 4093, 4096):
+        for batch in (8, 32):
+            kernels = plan_variant(chosen, argparse.Namespace(n=n, **shape), batch, cfg)
+            broken = [(k.kernel, violations(k, torch.bfloat16)) for k in kernels if violations(k, torch.bfloat16)]
+            assert broken == [], (variant, n, batch)
+            assert any(k.n_dependent for k in kernels)  # the comparison with 2n ran
+            splits = [k for k in kernels if k.kernel == "bmm" and k.n_dependent]
+            assert all(k.programs >= 264 for k in splits)
+
+
+def _gemm(programs: int, flops: float, dtype=torch.bfloat16) -> Kernel:
+    """A bmm launch of ``programs`` tiles doing ``flops`` (work = flops / 2) on 1 MB of ``dtype`` operands."""
+    numel = 2 ** 20 // dtype.itemsize
+    return Kernel("bmm", "forward", programs, "K", 1, int(flops // 2), ((numel, dtype), (numel, dtype)))
+
+
+def test_roofline_compute_memory_and_waves():
+    gpu = roofline.GPUS["h200"]
+    shape = (8, 2, 4096, 64, 32)
+    big = roofline.predict(_gemm(2 * gpu.sms, 1e12), shape, gpu)  # 2 waves of one tile an SM, compute-bound
+    expected = roofline.FLOOR + 1e12 / (gpu.bf16 * roofline.EFFICIENCY * min(1.0, 8 / roofline.LATENCY_WARPS))
+    assert big.unit == "tensor" and big.bound == "compute" and big.waves == 2
+    assert big.seconds == pytest.approx(expected)
+    one_more = roofline.predict(_gemm(2 * gpu.sms + 1, 1e12), shape, gpu)  # a third, almost empty wave
+    assert one_more.waves == 3 and one_more.seconds > big.seconds
+    fp32 = roofline.predict(_gemm(2 * gpu.sms, 1e12, torch.float32), shape, gpu)
+    assert fp32.unit == "fp32" and fp32.seconds > 10 * big.seconds  # FMA units: 1/15 of the tensor cores' peak
+    copy = roofline.predict(_gemm(2 * gpu.sms, 0.0), shape, gpu)
+    assert copy.bound == "memory"
+    assert copy.seconds == pytest.approx(roofline.FLOOR + 2 ** 21 / (gpu.hbm * roofline.MEMORY_EFFICIENCY))
+    a100 = roofline.predict(_gemm(2 * gpu.sms, 1e12), shape, roofline.GPUS["a100"])
+    assert a100.waves == 3 and a100.seconds > 3 * big.seconds  # 108 SMs, 312 TFLOP/s
+
+
+def test_fourth_rule_flags_a_slow_kernel_on_few_programs():
+    gpu = roofline.GPUS["h200"]
+    shape = (8, 2, 4096, 64, 32)
+    sdpa = 1e-3
+    slow = _gemm(16, 2e10)  # 16 programs (< 132 SMs), each on one SM with 8 warps
+    slow_time = roofline.predict(slow, shape, gpu)
+    assert slow_time.seconds > 0.05 * sdpa and "16 programs" in roofline.slow_small_grid(slow, slow_time, gpu, sdpa)
+    small = _gemm(16, 1e6)
+    assert roofline.slow_small_grid(small, roofline.predict(small, shape, gpu), gpu, sdpa) is None
+    wide = _gemm(4 * gpu.sms, 1e12)  # slow, but on the whole GPU
+    assert roofline.slow_small_grid(wide, roofline.predict(wide, shape, gpu), gpu, sdpa) is None
+    times = roofline.layer_times([slow_time] * 10)
+    assert times["graph"] == pytest.approx(roofline.GRAPH_LAUNCH + 10 * slow_time.seconds)
+    assert times["eager"] == max(times["device"], roofline.HOST_PER_CALL + 10 * roofline.HOST_PER_LAUNCH)
