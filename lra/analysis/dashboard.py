@@ -200,6 +200,12 @@ def build_report(spec: dict):
                      description=report["description"], blocks=blocks, width="fluid")
 
 
+def without_wandb(dirs: list[Path]) -> list[Path]:
+    """The run dirs under ``dirs`` (those holding a ``results.json``) with no W&B run folder in ``wandb/``."""
+    return [path.parent for root in dirs for path in sorted(root.rglob("results.json"))
+            if not any((path.parent / "wandb").glob("*run-*"))]
+
+
 def config_tasks() -> list[str]:
     """Every task of ``configs/task/`` (the dry run's sections when no runs name them)."""
     return sorted(path.stem for path in (CONFIG_DIR / "task").glob("*.yaml"))
@@ -219,7 +225,21 @@ def main(argv: list[str] | None = None) -> int:
     entity, _, project = args.path.partition("/")
     if not entity or not project or "/" in project:
         parser.error(f"expected ENTITY/PROJECT (e.g. my-team/lra-attention), got {args.path!r}")
-    runs = collect(args.runs) if args.runs else [] if args.dry_run else wandb_runs(args.path, args.group)
+    if missing := [str(path) for path in args.runs or [] if not path.is_dir()]:
+        print(f"[lra] FAILED: --runs: not a directory: {', '.join(missing)}; give run or sweep dirs of lra.train "
+              f"(e.g. outputs/runs, outputs/multirun/<date_time.µs>)", file=sys.stderr)
+        return 1
+    try:
+        runs = collect(args.runs) if args.runs else [] if args.dry_run else wandb_runs(args.path, args.group)
+    except Exception as error:  # no network, no login: one line (wandb_runs names the fix)
+        print(f"[lra] FAILED: {' '.join(str(error).split())}; --dry-run --runs DIR builds the spec offline",
+              file=sys.stderr)
+        return 1
+    if args.runs and (without := without_wandb(args.runs)):
+        total = sum(1 for root in args.runs for _ in root.rglob("results.json"))
+        print(f"[lra] note: {len(without)} of {total} runs under --runs have no W&B data (no <run dir>/wandb/: "
+              f"logger=csv or none), e.g. {without[0]}: the dashboard shows W&B's records only, so they will not "
+              f"appear in it; train with logger=wandb (the default), then wandb sync", file=sys.stderr)
     rows = group_runs(runs)[0] if runs else []
     tasks = args.tasks or sorted({row.task for row in rows}) or (config_tasks() if args.dry_run else [])
     if not tasks:
@@ -231,9 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(json.dumps(spec, indent=2, ensure_ascii=False))
         return 0
-    for view in views:
-        view.save()
-    report.save()
+    try:
+        for view in views:
+            view.save()
+        report.save()
+    except Exception as error:  # no network, no login: one line, not the traceback of W&B's client
+        print(f"[lra] FAILED: saving the workspace views and report to W&B ({type(error).__name__}: "
+              f"{' '.join(str(error).split())[:200]}): it needs network and `wandb login`; --dry-run prints them "
+              f"without", file=sys.stderr)
+        return 1
     print(f"[lra] saved {len(views)} workspace views ({', '.join(view.url for view in views)}) and the report {report.url}")
     return 0
 

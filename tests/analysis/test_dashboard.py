@@ -169,3 +169,24 @@ def test_a_project_path_without_entity_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["lra-attention", "--dry-run"])
     assert "expected ENTITY/PROJECT" in capsys.readouterr().err
+
+
+def test_a_missing_runs_dir_runs_without_wandb_data_and_no_login_are_one_line_each(tmp_path, capsys, monkeypatch):
+    """``--runs`` naming no dir; a dry run over runs that logged no W&B data (``logger=csv``) says they will not
+    show; saving without a login (no network is reached: W&B refuses first) ends in one line, not a traceback."""
+    from lra.analysis.dashboard import main
+    from tests.analysis.test_report import write_run
+
+    assert main(["entity/lra-attention", "--runs", str(tmp_path / "absent"), "--dry-run"]) == 1
+    assert capsys.readouterr().err == (f"[lra] FAILED: --runs: not a directory: {tmp_path / 'absent'}; give run or "
+                                       f"sweep dirs of lra.train (e.g. outputs/runs, outputs/multirun/<date_time.µs>)\n")
+    run_dir = write_run(tmp_path / "runs", "csv_only", "listops", "softmax", 0, 0.3)
+    assert main(["entity/lra-attention", "--runs", str(tmp_path / "runs"), "--dry-run"]) == 0
+    note = f"[lra] note: 1 of 1 runs under --runs have no W&B data (no <run dir>/wandb/: logger=csv or none), e.g. {run_dir}"
+    assert capsys.readouterr().err.startswith(note)
+    for key, value in {**NO_NETWORK, "HOME": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert main(["entity/lra-attention", "--runs", str(tmp_path / "runs")]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("[lra] FAILED: saving the workspace views and report to W&B (") and "wandb login" in last
