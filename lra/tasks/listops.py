@@ -41,15 +41,13 @@ from tqdm import tqdm
 from lra.tasks.base import CachedDataModule, TokenizedSplit
 from lra.tasks.files import atomic_write_text, file_fingerprint, record_line, transient_lock
 from lra.tasks.generated import GenerationRefused, Manifest, digest, foreign_file
+from lra.tasks.listops_check import tree_value
+from lra.tasks.listops_vocab import OPERATORS, TOKEN_IDS, VOCAB
 
 log = logging.getLogger(__name__)
 
-OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
 LEAF_PROBABILITY = 0.75
-# Fixed vocabulary: 0 = pad, 1 = unknown, then digits, operators and the closing token.
-VOCAB = ("<pad>", "<unk>", *map(str, range(10)), *OPERATORS, "X")
-TOKEN_IDS = {token: i for i, token in enumerate(VOCAB)}
 HEADER = "Source\tTarget"
 FIRST_OPERATOR_CUE = "first-operator cue: the most frequent training label of the root operator"
 ROWS_PER_CHUNK = 4096  # rows scanned at once for their first operator token (bounds the (rows, L) mask)
@@ -212,8 +210,6 @@ def read_tsv(path: Path) -> tuple[list[list[int]], list[int]]:
     without an operator (:func:`example_problem`), brackets that are not one tree or a target that is not the tree's
     value (:func:`lra.tasks.listops_check.tree_value`) raises with ``file:line``; blank lines are skipped and counted
     in a warning."""
-    from lra.tasks.listops_check import tree_value  # it reads this module's vocabulary
-
     sequences, labels, blank = [], [], []
     if path.stat().st_size == 0:
         raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found an empty file")

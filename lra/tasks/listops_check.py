@@ -1,5 +1,5 @@
 """A ListOps example is one well-bracketed tree whose value is its label: :func:`tree_value` evaluates the token ids
-of an example (``lra.tasks.listops.VOCAB``: digits, the operators ``[MIN [MAX [MED [SM``, each opening a node, and
+of an example (``lra.tasks.listops_vocab.VOCAB``: digits, the operators ``[MIN [MAX [MED [SM``, each opening a node, and
 ``X``, the ``]`` that closes it) with one stack, or names what keeps them from being one tree.
 :func:`lra.tasks.listops.read_tsv` runs it on every line it reads (once per data file: the cache keeps the result).
 
@@ -11,7 +11,7 @@ examples, its ~50 passes over every token costing more than the stack's one.
 
 from __future__ import annotations
 
-from lra.tasks.listops import TOKEN_IDS
+from lra.tasks.listops_vocab import TOKEN_IDS
 
 DIGIT0, MIN, MAX, MED, SM, CLOSE = (TOKEN_IDS[token] for token in ("0", "[MIN", "[MAX", "[MED", "[SM", "X"))
 

@@ -1,0 +1,6 @@
+"""ListOps' fixed vocabulary (:mod:`lra.tasks.listops` tokenises with it, :mod:`lra.tasks.listops_check` evaluates
+trees over it): 0 = pad, 1 = unknown, then the digits, the operators and ``X``, the closing ``]``."""
+
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+VOCAB = ("<pad>", "<unk>", *map(str, range(10)), *OPERATORS, "X")
+TOKEN_IDS = {token: i for i, token in enumerate(VOCAB)}
