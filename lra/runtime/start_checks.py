@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from lra.runtime.results import read_results
-from lra.runtime.unread_keys import unread_additions
+from lra.runtime.unread_keys import COMPOSED, unread_additions
 
 # What a run of lra.train writes into its run dir (Hydra's .hydra/ and <job>.log included)
 WRITTEN = ("results.json", "predictions.json", "config_resolved.yaml", "error.log", "train.log", "checkpoints",
@@ -79,6 +79,7 @@ class StartChecks(Callback):
         return unread_additions(config, overrides)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        COMPOSED.append(True)
         problems = self.additions(config)
         if (sweep := sweep_problem(config)) is not None:
             problems.append(sweep)
@@ -92,6 +93,7 @@ class StartChecks(Callback):
             raise fail(problems)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        COMPOSED.append(True)
         problems = self.additions(config)
         if given(config, "hydra.run.dir"):
             problems.append(f"-m (a multirun) writes its jobs under hydra.sweep.dir and would ignore hydra.run.dir: "

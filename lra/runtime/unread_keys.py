@@ -119,6 +119,7 @@ def unread_additions(cfg: DictConfig, overrides: list[str]) -> list[str]:
 
 
 MISSING = re.compile(r"Could not override '([^']+)'")
+COMPOSED: list[bool] = []  # set by lra.runtime.start_checks.StartChecks once Hydra has composed the command's config
 
 
 def missing_key_message(argv: list[str]) -> str | None:
@@ -167,10 +168,12 @@ def explained(entry) -> None:
     after its own message), print the did-you-mean line of :func:`missing_key_message` last."""
     import sys
 
+    COMPOSED.clear()
     try:
         entry()
-    except SystemExit as exit_:
-        if exit_.code == 1 and (message := unquoted_text(sys.argv[1:]) or missing_key_message(sys.argv[1:])):
+    except SystemExit as exit_:  # composed: a job's own failure, not Hydra's refusal of the command line
+        if exit_.code == 1 and not COMPOSED and (message := unquoted_text(sys.argv[1:])
+                                                 or missing_key_message(sys.argv[1:])):
             print(message, file=sys.stderr, flush=True)
         raise
 
