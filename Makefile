@@ -40,19 +40,14 @@ test-fast: setup
 	echo "make test-fast AREA=$(AREA): $$(( $$(date +%s) - start )) s"; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
-# The numerics tests (float results against references), again under one ATen SIMD level: ATen's kernels
+# The numerics tests (float results against references: the files that set `pytestmark = pytest.mark.numerics`),
+# again under one ATen SIMD level: ATen's kernels
 # sum in another order on each (ATEN_CPU_CAPABILITY = default, avx2, avx512; a CPU without it falls back),
 # so a tolerance that holds on one CPU only fails here too. .ci/run runs it with ISA=default after `make test`.
-NUMERICS_TESTS := tests/attention/test_scores.py tests/attention/test_attention_keys.py tests/attention/test_pinv.py tests/models/test_ema.py \
-	tests/attention/test_delta_rule.py tests/attention/test_selection.py tests/attention/test_proxyformer.py tests/attention/test_cur.py \
-	tests/attention/test_nystrom.py tests/attention/test_l1.py tests/attention/test_liza.py tests/kernels/test_landmark_attention_cpu.py tests/kernels/test_cur_cpu.py \
-	tests/kernels/test_pinv_cpu.py tests/attention/test_landmark_stages.py \
-	tests/kernels/test_seqconv_cpu.py tests/kernels/test_selection_cpu.py \
-	tests/attention/test_linear.py tests/attention/test_performer.py tests/attention/test_linformer.py
 ISA ?= default
 
 test-numerics: setup
-	ATEN_CPU_CAPABILITY=$(ISA) $(PYTHON) -m pytest -m "not slow" $(NUMERICS_TESTS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	ATEN_CPU_CAPABILITY=$(ISA) $(PYTHON) -m pytest -m "numerics and not slow" tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-slow: setup
 	$(PYTHON) -m pip install --quiet -r requirements-data.txt

@@ -20,6 +20,8 @@ from tests.conftest import compose_config
 
 PINV_VARIANTS = ["nystromformer", "curformer", "l1_cur", "megacur"]  # + flashcur (GPU / interpreter; compose only)
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Every built attention variant of the model (``blocks[i].attn.attend`` or MEGA's ``blocks[i].attend``)."""

@@ -19,7 +19,7 @@ from tests.attention_reference import (
 )
 from tests.conftest import compose_config
 
-pytestmark = pytest.mark.usefixtures("landmark_forms")
+pytestmark = [pytest.mark.usefixtures("landmark_forms"), pytest.mark.numerics]  # numerics: make test-numerics reruns it
 N = 40
 CASES = [  # (overwrite_rows, pinv_iters)
     (True, 6),  # exact by the overwrite: every real row is in I

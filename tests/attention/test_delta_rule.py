@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from attention.linear import DeltaRuleAttention, delta_rule_chunked
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def naive_delta_rule(q, k, v, beta):
     """``S_t = S_{t−1} + β_t (v_t − S_{t−1} k_t) k_tᵀ``, ``o_t = S_t q_t``, S (d_v × d_k) from 0, one token at a time."""

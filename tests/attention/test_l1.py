@@ -24,6 +24,8 @@ from tests.attention_reference import (
 )
 from tests.conftest import auto_picks, compose_config
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 @pytest.fixture(params=["cpu_kernel", "torch_path"])
 def path(request, monkeypatch):

@@ -13,6 +13,8 @@ from attention.selection import select_indices
 from tests.conftest import auto_picks
 from tests.tolerances import tolerance
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def dense_softmax(q, k, v, allowed):
     """``softmax(q kᵀ/√d, over keys where allowed) v`` in float64, ``allowed`` broadcasting to ``(B, H, a, b)``."""

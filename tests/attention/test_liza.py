@@ -21,6 +21,8 @@ from lra.build import build_model, build_module
 
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1"}  # the test machine's 2 cores are shared; avoid oversubscription
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def qkv(n=10, batch=2, heads=2, dim=4, seed=0, dtype=torch.float64):
     generator = torch.Generator().manual_seed(seed)

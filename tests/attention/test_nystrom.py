@@ -23,6 +23,8 @@ from tests.attention_reference import (
 from tests.conftest import compose_config, run_cli
 from tests.tolerances import tolerance
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def test_segment_means_are_mask_aware_with_mixed_sizes():
     x = torch.arange(2 * 1 * 10 * 1, dtype=torch.float64).view(2, 1, 10, 1)

@@ -19,6 +19,8 @@ from tests.conftest import CONFIG_DIR, compose_config
 
 SMALL = ["attention=proxyformer", "attention.num_proxies=8"]
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def small_model(overrides: list[str] = ()) -> ProxyEncoder:
     torch.manual_seed(0)

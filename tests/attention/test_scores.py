@@ -12,6 +12,8 @@ import torch
 from attention.scores import SoftmaxScore, masked_softmax, masked_softmax_out_of_place
 from tests.tolerances import tolerance
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def reference(logits, key_mask):
     """Softmax of a copy in float64, masked keys at 0, rows without a real key all 0."""

@@ -11,7 +11,7 @@ from kernels.selection import cpu as selection_cpu
 from attention.selection import _top, select_indices
 from tests.attention_reference import padded_mask
 
-pytestmark = pytest.mark.usefixtures("landmark_forms")
+pytestmark = [pytest.mark.usefixtures("landmark_forms"), pytest.mark.numerics]  # numerics: make test-numerics reruns it
 
 
 def ascending(index: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ from tests.attention_reference import padded_mask
 WIDTH = landmarks_cpu.vector_floats()
 D = 2 * WIDTH  # the head size of the kernels' register tiles on this CPU (32 on AVX-512, 16 on AVX2)
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def operands(n: int, seed: int = 0):
     """q, k, v ``(2, 2, n, D)`` in the (B, n, H, d) memory of the model's projections."""

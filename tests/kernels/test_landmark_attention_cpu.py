@@ -17,6 +17,8 @@ from tests.tolerances import tolerance
 
 WIDTH = landmark_kernels.vector_floats()  # d must be a multiple of it
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def operands(batch, heads, n, m, d, seed=0):
     """n queries and m keys, each in the (B, length, H, d) memory of the model's projections; a key mask with a

@@ -14,6 +14,8 @@ from tests.tolerances import tolerance
 WIDTH = vector_floats()
 SIZES = sorted({WIDTH, 2 * WIDTH, 64, 128} - {m for m in (64, 128) if m % WIDTH})
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def problems(m: int, count: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A, Z₀)`` float32 ``(count, m, m)``: softmax matrices (CUR's and Nyström's ``U``), one with CUR's identity

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from attention.pinv import iterative_pinv
 from kernels.common.launch import SHARED_MEMORY_LIMIT
 from kernels.pinv import launch
-from kernels.pinv.ops import backend, start_norm
+from kernels.pinv.ops import start_norm
 from tests.conftest import run_cli
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -88,7 +88,6 @@ def test_global_init_adds_only_the_shared_norm():
 ])
 def test_everything_else_runs_the_pytorch_form(shape, dtype, device):
     a = torch.eye(shape[-1], dtype=dtype, device=device).expand(shape).clone()
-    assert backend(a) != "triton"
     with Ops() as ops:
         iterative_pinv(a, 2)
     assert "lra_pinv.forward" not in ops.names and "aten.bmm" in ops.names, ops.names

@@ -11,6 +11,8 @@ from kernels.selection import naive
 from kernels.selection.cpu import abs_row_sums
 from tests.tolerances import tolerance
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 @pytest.mark.parametrize("n, d", [(1, 1), (37, 20), (64, 32)])
 def test_abs_row_sums_equal_the_reference(n, d):

@@ -11,6 +11,8 @@ from kernels.seqconv import naive
 from kernels.seqconv.cpu import ConvFunction, SegmentSums, uses_kernel
 from tests.tolerances import tolerance
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 @pytest.mark.parametrize("n, size", [(1, 3), (17, 5), (40, 35)])
 def test_masked_conv_and_its_gradients_equal_the_reference(n, size):

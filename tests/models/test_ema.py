@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from models.ema import BidirectionalEMA
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def recurrence(ema: BidirectionalEMA, x: torch.Tensor, key_mask: torch.Tensor, directions=(0, 1)) -> torch.Tensor:
     """``silu(Σ_dir Σ_n η·√(1/N)·h^dir_t + ω x_t)`` with ``h_t = p β x_t + (1 − p σ(δ)) h_{t∓1}``, pads zeroed."""
