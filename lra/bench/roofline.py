@@ -153,7 +153,7 @@ def triton_flops(kernel, shape) -> tuple[float, bool]:
 
 def predict(kernel, shape, gpu: Gpu, aot: bool = True) -> Prediction:
     """The model (module doc) of one :class:`lra.bench.plan.Kernel` at ``shape = (B, H, n, m, d)`` on ``gpu``."""
-    from lra.bench.plan import ATTENTION, ATTENTION_BACKWARD, GEMMS
+    from lra.bench.plan import ATTENTION_BACKWARD, GEMMS
 
     bytes_ = _bytes(kernel.tensors)
     packet = getattr(torch.ops.aten, kernel.kernel, None)
