@@ -22,12 +22,17 @@ Variants
     ``proxyformer``   Proxyformer's per-head maths (its block: :mod:`models.proxyformer`)
     ``mega``          MEGA's single-head core, exact or CUR-approximated (MegaCUR; its block: :mod:`models.mega`)
     ``liza``          LiZA: softmax and linear attention mixed by a scheduled memory gate
+    ``performer``     Performer: FAVOR+, softmax estimated with positive orthogonal random features
+    ``linformer``     Linformer: keys and values projected along the sequence, n -> k
+    ``local``         LRA's local attention: softmax within non-overlapping blocks
+    ``sparse_transformer``  Sparse Transformer's fixed / strided patterns (as LRA: a mask on dense softmax)
 
 Shared parts of the maths
     ``scores``        score functions (softmax, L1) that the approximations take
     ``selection``     CUR's row and column selection rules
     ``pinv``          the iterative pseudo-inverse (the method; its kernels and backend choice: :mod:`kernels.pinv`)
-    ``linear``        LiZA's linear branches (ELU feature map, chunked delta rule)
+    ``linear``        LiZA's linear branches (ELU feature map, chunked delta rule); the ELU one is also the
+                      ``linear`` row of the LRA tables (Linear Transformer)
     ``window``        sliding-window softmax, LiZA's linear-cost base
     ``paths``         which form a tensor runs: the CPU forms or the fused (CUDA) forms, and shared constants
     ``landmark_stages``  the fused forms' n-sized stages as split-K GEMMs (CUR, Nyström)
