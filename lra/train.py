@@ -35,6 +35,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from attention.impl import model_forms as attention_forms
 from lra.config import CONFIG_DIR
 from lra.build import build_datamodule, build_module
 from lra.pretrain import pretrain_stage
@@ -75,6 +76,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         module.model = instantiate(cfg.finetune)(module.model)
     checks = DataChecks(cfg.task.num_classes, cfg.task.vocab_size, cfg.accept_changed_data)  # before step 1
     trainer = build_trainer(cfg, run_dir, loggers, [*(instantiate(node) for node in (cfg.callbacks or {}).values()), checks])
+    forms = attention_forms(module.model, trainer.strategy.root_device)  # refuses a form that cannot run there
+    print("[lra] forms: " + " ".join(f"{op}={form}" for op, form in forms.items()), flush=True)
+    for logger in loggers:
+        logger.log_hyperparams({"forms": forms})  # the W&B config records what ran
 
     resume_from, resumed_from_step = resume_checkpoint(run_dir)  # fit, then test
     if resume_from is None:
@@ -89,6 +94,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     write_test_predictions(trainer, module, run_dir)
 
     return {  # record
+        "forms": forms,
         "val_acc_best": float(module.val_acc_best.compute()),
         **test_accuracies(per_loader),
         "steps": trainer.global_step,

@@ -109,3 +109,26 @@ def test_triton_forms_under_the_interpreter():
                    env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout
+
+
+def test_a_run_records_the_form_of_every_op_and_refuses_one_that_cannot_run():
+    """:func:`attention.impl.model_forms`, what ``lra.train`` prints first and writes to results.json and W&B: each op's
+    form for the trainer's device; a form the variant lacks is refused at build, one that cannot run on the device
+    before training, each naming the forms that can."""
+    def model(*overrides):
+        return build_model(compose_config(["task=listops_small", *overrides]))
+
+    assert impl.model_forms(model("attention=curformer"), "cpu") == {
+        "impl": "auto", "attention": "cpu", "pinv": "cpu", "selection": "cpu", "dropout": "cpu"}
+    assert impl.model_forms(model("attention=curformer", "attention.impl=pytorch"), "meta") == {
+        "impl": "pytorch", "attention": "pytorch", "pinv": "pytorch", "selection": "pytorch", "dropout": "pytorch"}
+    assert impl.model_forms(model("attention=nystromformer"), "meta")["attention"] == "fused"
+    assert impl.model_forms(model("attention=softmax"), "cpu") == {"impl": "auto", "attention": "pytorch",
+                                                                   "dropout": "cpu"}
+    with pytest.raises(ValueError, match=r"attention.impl='fused' is not a form of attention=l1: it has \['auto', 'cpu'"):
+        model("attention=l1", "attention.impl=fused")
+    with pytest.raises(ValueError, match=r"attention.impl=triton of L1Attention cannot run on cpu .* forms that can: "
+                                         r"\['cpu', 'pytorch'\]"):
+        impl.model_forms(model("attention=l1", "attention.impl=triton"), "cpu")
+    with pytest.raises(ValueError, match=r"attention.impl=cpu of CURAttention cannot run on cuda"):
+        impl.model_forms(model("attention=curformer", "attention.impl=cpu"), "cuda")
