@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lra.analysis.report_runs import warn
-from lra.analysis.report_settings import DATA, Part, setting_parts
+from lra.analysis.report_settings import DATA, FORMS, Part, setting_parts
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Row:
     @property
     def plain(self) -> bool:
         """Trained with the task's plain recipe (on whatever data): no setting part but the data dir."""
-        return all(part.key == DATA for part in self.parts)
+        return all(part.key in (DATA, FORMS) for part in self.parts)
 
     @property
     def data(self) -> str | None:
@@ -85,6 +85,11 @@ def group_runs(runs: list[dict]) -> tuple[list[Row], dict[str, tuple[Part, ...]]
         common[task] = tuple(part for part in of_task[0].parts if (part.key, part.value) in shared)
         for row in of_task:
             row.shown = tuple(part for part in row.parts if (part.key, part.value) not in shared)
+        for attention in {row.attention for row in of_task}:  # forms are named only where one variant's rows differ
+            rows_of = [row for row in of_task if row.attention == attention]
+            if len({part.value for row in rows_of for part in row.parts if part.key == FORMS}) <= 1:
+                for row in rows_of:
+                    row.shown = tuple(part for part in row.shown if part.key != FORMS)
     ordered = sorted(rows.values(), key=lambda row: (row.task, row.attention, not row.plain, row.setting()))
     for row in ordered:
         newest_per_seed(row)

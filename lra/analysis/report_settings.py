@@ -32,6 +32,7 @@ from lra.config import CONFIG_DIR
 IDENTITY = ("task", "attention", "seed")  # the row's own columns (seed: a row's runs differ in it by design)
 BOOKKEEPING = ("group", "tags", "logger", "paths", "hydra", "task.eval_every", "verbose", "callbacks.progress")
 DATA = "task.data_dir"
+FORMS = "forms"  # a part from results.json's forms (lra.train: the code each attention op ran), not an override
 RECIPE_GROUPS = ("experiment",)  # choices that select a named recipe: composed into the recipe, and named
 # (prefix, rank): a part's place in the setting, the first prefix that matches
 ORDER = (("task.data_dir", 0), ("experiment", 1), ("attention", 2), ("model.compile", 11), ("model", 3),
@@ -154,4 +155,8 @@ def setting_parts(run: dict) -> tuple[Part, ...]:
         if key in RECIPE_GROUPS or differs(config, key, value, is_group):
             compared = data_identity(str(value)) if key == DATA else str(value)
             parts.append(Part(key, compared, name(key, text, value, full=endings.count(last(key)) > 1)))
+    forms = run.get("forms")  # what ran (results.json, attention.impl's resolved forms): shown where a variant's differ
+    if isinstance(forms, dict):
+        text = " ".join(f"{op}={form}" for op, form in forms.items() if op != "impl")
+        parts.append(Part(FORMS, text, f"forms {text}"))
     return tuple(sorted(parts, key=lambda part: part.rank))

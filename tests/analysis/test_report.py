@@ -265,3 +265,21 @@ def test_a_relative_dir_from_elsewhere_and_wandb_without_login_are_one_line(tmp_
     assert report.main(["--wandb", "someone/lra-attention"]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("[lra] FAILED: --wandb someone/lra-attention: could not read W&B runs") and "wandb login" in line
+
+
+def test_forms_are_named_where_one_variants_rows_differ_in_them(tmp_path, capsys):
+    """results.json's ``forms`` (what each attention op ran, :func:`attention.impl.model_forms`): CURformer's runs on the
+    C++ kernels and in plain PyTorch are two rows that name their forms; softmax's runs, all alike, name none."""
+    cpu = {"impl": "auto", "attention": "cpu", "pinv": "cpu", "selection": "cpu", "dropout": "cpu"}
+    plain = {"impl": "pytorch", "attention": "pytorch", "pinv": "pytorch", "selection": "pytorch", "dropout": "cpu"}
+    write_run(tmp_path, "a", "listops", "curformer", 0, 0.40, forms=cpu)
+    write_run(tmp_path, "b", "listops", "curformer", 0, 0.41, overrides=["attention.impl=pytorch"], forms=plain)
+    for seed in (0, 1):
+        write_run(tmp_path, f"s{seed}", "listops", "softmax", seed, 0.38,
+                  forms={"impl": "auto", "attention": "pytorch", "dropout": "cpu"})
+    out, _ = run_report([tmp_path], capsys)
+    _, rows = table_rows(out, "listops")
+    settings = {(row["attention"], row["setting"]) for row in rows}
+    assert ("curformer", "forms attention=cpu pinv=cpu selection=cpu dropout=cpu") in settings
+    assert any(attention == "curformer" and "forms attention=pytorch" in setting for attention, setting in settings)
+    assert ("softmax", "—") in settings
