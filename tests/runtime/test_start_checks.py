@@ -104,6 +104,7 @@ def test_trainer_gpu_without_a_gpu_is_one_line():
         validate(compose_config(["trainer=gpu"]))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", ["lra.train", "lra.analysis.report"])
 def test_a_python_without_the_packages_points_to_the_venv(module):
     """``python -S`` (no site-packages: a Python outside the venv): one line naming what is missing and the venv,
