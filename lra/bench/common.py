@@ -12,6 +12,7 @@ import contextlib
 import csv
 import datetime
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -265,7 +266,18 @@ def add_ratios(rows: list[dict], group_keys: tuple[str, ...], reference: Callabl
             row[column] = ((a / b) if invert else (b / a)) if ok else None
 
 
+def requested_impl(label: str) -> str:
+    """The ``attention.impl`` a row's variant label asks for (``curformer[impl=pytorch]``), else ``auto``."""
+    found = re.search(r"[\[,]impl=([^,\]]+)", label)
+    return found.group(1) if found else "auto"
+
+
 def write_csv(rows: list[dict], columns: list[str], path: Path) -> Path:
+    """``rows`` under ``columns``; rows of a variant also carry the ``attention.impl`` they ran (column ``impl``:
+    ``--variant-overrides <name>:impl=<form>`` picks a form, docs/attention.md "Forms")."""
+    if any("variant" in row for row in rows) and "impl" not in columns:
+        columns = [*columns, "impl"]
+        rows = [{**row, "impl": requested_impl(str(row.get("variant", "")))} for row in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")

@@ -94,8 +94,9 @@ def test_bench_attention_tiny(tmp_path):
         "speedup_fwdbwd_materialised", "flops_fwd", "flops_fwdbwd", "flops_per_s_fwd", "flops_per_s_fwdbwd",
         "flop_ratio_fwd", "flop_ratio_fwdbwd", "matmul_flops_per_s",
         "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
-        "cpu", "cpu_capability", "torch", "gpu", "gpu_capability",
+        "cpu", "cpu_capability", "torch", "gpu", "gpu_capability", "impl",
     ]
+    assert {r["impl"] for r in rows} == {"auto"}  # the attention.impl each row ran (none overridden here)
     # where the figures came from: every row names the CPU, ATen's SIMD level, the threads and the torch version
     assert {(r["cpu"], r["cpu_capability"], r["torch"]) for r in rows} == {
         (common.cpu_model(), torch.backends.cpu.get_cpu_capability(), torch.__version__)}
