@@ -5,6 +5,7 @@ C++ extensions on install): the reference is the paper's eq. 2 with ``sim(q, k) 
 ``n × n`` similarity matrix normalised per row (the form the authors' ``LinearAttention`` reorders).
 """
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -12,6 +13,8 @@ from attention.linear import EluLinearAttention
 from lra.build import build_attention
 from tests.attention_reference import assert_padding_invariant, max_real_error, padded_mask, random_qkv
 from tests.conftest import compose_config
+
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
 
 
 def quadratic_linear_attention(q, k, v, key_mask):

@@ -10,6 +10,8 @@ from lra.build import build_attention
 from tests.attention_reference import assert_padding_invariant, dense_softmax_weights, max_real_error, padded_mask, random_qkv
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def package_reference(ours: LinformerAttention, q, k, v, lengths):
     """``LinformerSelfAttention`` (separate E, F shared by the heads) with identity q/k/v/out maps, fed

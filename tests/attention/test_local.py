@@ -10,6 +10,8 @@ from lra.build import build_attention
 from tests.attention_reference import assert_padding_invariant, dense_softmax_weights, max_real_error, padded_mask, random_qkv
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def dense_grouped(q, k, v, key_mask, block, strided):
     """Masked softmax over the full ``n × n`` scores, keeping pairs in the same group: position p of the

@@ -10,6 +10,8 @@ from lra.build import build_attention
 from tests.attention_reference import assert_padding_invariant, max_real_error, padded_mask, random_qkv
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def reference(q, k, v, lengths, m, seed):
     """Per (batch, head): greedy most-orthogonal landmarks among the real queries (first: the seeded draw's argmax

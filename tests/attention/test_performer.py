@@ -12,6 +12,8 @@ from lra.build import build_attention
 from tests.attention_reference import assert_padding_invariant, dense_softmax_weights, max_real_error, padded_mask, random_qkv
 from tests.conftest import compose_config
 
+pytestmark = pytest.mark.numerics  # float results against references: make test-numerics reruns it per SIMD level
+
 
 def reference(ours: PerformerAttention, q, k, v, lengths):
     """performer-pytorch with our features, run on each sequence cut to its real tokens (it zeroes pad values
