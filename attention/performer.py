@@ -7,7 +7,7 @@ enter scaled by ``d^{-1/4}`` each (so ``xᵀy = qᵀk/√d``), and attention is 
 (§2.2, "bidirectional"): ``Y = D̂⁻¹ (Q' (K'ᵀ V))``, ``D̂ = diag(Q' (K'ᵀ 1))``, ``Q' = φ⁺(Q/d^{1/4})``,
 ``K' = φ⁺(K/d^{1/4})``. The ω are *orthogonal random features* (§2.4): blocks of d exactly orthogonal
 directions (QR of a Gaussian d × d matrix), each row rescaled to the norm of an independent d-dim Gaussian,
-so every ω is still marginally N(0, I_d) and the estimator stays unbiased with lower variance (Theorem 2).
+so every ω is still marginally N(0, I_d) and the estimator stays unbiased, with lower variance than i.i.d. draws (§2.4).
 
 Shapes: ``q, k, v`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, d)``. Cost O(n m d) time,
 O(n m) memory (m = ``num_features``); one ``(m, d)`` feature matrix shared by the heads of a layer.
@@ -23,9 +23,12 @@ enter its normaliser ``D̂``; we leave them out (pads are not tokens).
 
 Redraw policy (``redraw_interval``): 0 keeps the features drawn at construction (from ``seed``: a test can
 copy them into a reference); k > 0 draws new ones, from the device's default generator, every k-th training
-forward (performer-pytorch's ``feature_redraw_interval``, default 1000; the paper, §4, redraws during
-training). The draw and the choice run as tensor ops every training step (a few d × d QRs, small against
-the attention), with the step counter a buffer, so there is no host sync and ``torch.compile`` sees one graph.
+forward (performer-pytorch's ``feature_redraw_interval``, default 1000; the paper's experiments redraw
+periodically during training). The draw and the choice run as tensor ops every training step (a few d × d QRs,
+small against the attention), with the step counter a buffer, so there is no host sync and ``torch.compile``
+sees one graph. The tables' runs (Nyströmformer's LRA code, which the Proxyformer paper uses) went through
+performer-pytorch's ``FastAttention``, which redraws only when its caller asks; we could not read that file
+(it is not in the stored copy of mlpen/Nystromformer), so the default here is 0, never.
 
 Defaults: 256 features (the LRA paper's and the CUR table's Performer, Proxyformer's "Performer-256*");
 Proxyformer's "Performer-128" row is ``attention.num_features=128``.
