@@ -113,9 +113,10 @@ def test_variant_trains_on_meta_without_host_sync(attention, monkeypatch):
         ["attention=softmax", "model/positions=sinusoidal"],
         ["attention=proxyformer", "attention.dropout_mode=k1"],
         ["attention=proxyformer", "attention.dropout_mode=k2", "model/positions=rotary"],
+        ["attention=performer", "attention.redraw_interval=1"],  # the redraw runs in every training step
     ],
     ids=["curformer-step", "nystromformer-global-short", "megacur-chunked-laplace", "mega-chunked", "liza-delta-window",
-         "curformer-rotary", "softmax-sinusoidal", "proxyformer-k1", "proxyformer-k2-rotary"],
+         "curformer-rotary", "softmax-sinusoidal", "proxyformer-k1", "proxyformer-k2-rotary", "performer-redraw"],
 )
 def test_other_settings_train_on_meta_without_host_sync(overrides):
     _, mode = train_step_on_meta(overrides)
