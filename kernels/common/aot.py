@@ -29,6 +29,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.interpreter import InterpretedFunction
 
 from kernels.common.launch import SHARED_MEMORY_LIMIT, LaunchConfig
 
@@ -97,7 +98,12 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
 def compile_jit(fn, capability: int, config: LaunchConfig, pointers: dict[str, str], floats: tuple[str, ...],
                 name: str | None = None) -> Compiled:
     """AOT-compile any ``@triton.jit`` ``fn`` for ``sm_<capability>`` with ``config``'s constexprs,
-    ``num_warps`` and ``num_stages``; argument types as :func:`jit_signature` (``pointers``, ``floats``)."""
+    ``num_warps`` and ``num_stages``; argument types as :func:`jit_signature` (``pointers``, ``floats``).
+
+    Under ``TRITON_INTERPRET=1`` ``fn`` is an interpreted function, which Triton cannot compile: the same kernel is
+    compiled in a Python started without the interpreter (:func:`_compile_in_child`)."""
+    if isinstance(fn, InterpretedFunction):
+        return _compile_in_child(fn, capability, config, pointers, floats, name)
     sig, constexprs, attrs = jit_signature(fn, config.constexprs, pointers, floats)
     compiled = triton.compile(
         ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", capability, 32),
@@ -106,3 +112,32 @@ def compile_jit(fn, capability: int, config: LaunchConfig, pointers: dict[str, s
     registers, stack = resource_usage(compiled.asm["cubin"])
     return Compiled(name or fn.fn.__name__, capability, config, compiled.metadata.shared, registers, stack)
 
+
+
+def _compile_in_child(fn, capability: int, config: LaunchConfig, pointers: dict[str, str], floats: tuple[str, ...],
+                      name: str | None) -> Compiled:
+    """:func:`compile_jit` of the kernel that the interpreted ``fn`` defines (found again by its module and name), in
+    a Python process without ``TRITON_INTERPRET``; its result comes back as JSON."""
+    import json
+    import os
+    import sys
+
+    python_fn = fn.fn
+    request = {"module": python_fn.__module__, "name": python_fn.__qualname__, "capability": capability,
+               "constexprs": config.constexprs, "num_warps": config.num_warps, "num_stages": config.num_stages,
+               "pointers": pointers, "floats": list(floats), "label": name}
+    child = ("import json, sys, importlib\n"
+             "from kernels.common import aot\n"
+             "from kernels.common.launch import LaunchConfig\n"
+             "r = json.loads(sys.argv[1])\n"
+             "fn = getattr(importlib.import_module(r['module']), r['name'])\n"
+             "c = aot.compile_jit(fn, r['capability'], LaunchConfig(r['constexprs'], r['num_warps'], r['num_stages']),"
+             " r['pointers'], tuple(r['floats']), r['label'])\n"
+             "print(json.dumps([c.kernel, c.shared, c.registers, c.stack]))\n")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", child, json.dumps(request)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"AOT compile of {request['module']}.{request['name']} in a Python without "
+                           f"TRITON_INTERPRET failed:\n{proc.stderr[-2000:]}")
+    kernel, shared, registers, stack = json.loads(proc.stdout.strip().splitlines()[-1])
+    return Compiled(kernel, capability, config, shared, registers, stack)
