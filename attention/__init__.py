@@ -30,11 +30,13 @@ Variants
 Shared parts of the maths
     ``scores``        score functions (softmax, L1) that the approximations take
     ``selection``     CUR's row and column selection rules
-    ``pinv``          the iterative pseudo-inverse (the method; its kernels and backend choice: :mod:`kernels.pinv`)
+    ``pinv``          the iterative pseudo-inverse (the method and its checks; its kernels: :mod:`kernels.pinv`)
     ``linear``        LiZA's linear branches (ELU feature map, chunked delta rule); the ELU one is also the
                       ``linear`` row of the LRA tables (Linear Transformer)
     ``window``        sliding-window softmax, LiZA's linear-cost base
-    ``paths``         which form a tensor runs: the CPU forms or the fused (CUDA) forms, and shared constants
+    ``impl``          ``attention.impl``: the forms (pytorch, cpu, fused, triton), the one table of which code runs
+                      each op per variant, device and dtype, and what ``auto`` picks
+    ``paths``         what the landmark forms share: the masked score, constants made once, a product with its rows
     ``landmark_stages``  the fused forms' n-sized stages as split-K GEMMs (CUR, Nyström)
     ``landmark_means``   the fused Nyström's landmarks (the kernel op of :mod:`kernels.segment_means`, or PyTorch)
     ``config_checks`` the config-value checks every variant runs at construction
