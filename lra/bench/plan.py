@@ -42,10 +42,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernels.common import launch as triton_launch
 from kernels.common.launch import SMS, TWO_WAVES
 from lra.bench import common, launches, predict, roofline
+from lra.bench.roofline import ATTENTION_BACKWARD, GEMMS
 
 aten = torch.ops.aten
 CAPABILITY = 90  # the Triton launches are computed as on sm_90 (H100/H200)
-GEMMS = {aten.mm, aten.bmm, aten.addmm, aten.baddbmm}
 SOFTMAXES = {aten._softmax, aten._softmax_backward_data, aten._log_softmax}
 REDUCTIONS = {aten.sum, aten.amax, aten.amin, aten.mean, aten.max, aten.min, aten.any, aten.all, aten.linalg_vector_norm,
               aten.prod, aten.var_mean, aten.argmax, aten.argmin, aten.logsumexp}
@@ -54,9 +54,6 @@ SCANS = {aten.cumsum, aten.cumprod}
 IN_PLACE_SCATTERS = {aten.scatter_, aten.scatter_add_, aten.index_put_, aten.index_add_, aten.index_copy_}
 ATTENTION = {aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_flash_attention,
              aten._scaled_dot_product_cudnn_attention}
-ATTENTION_BACKWARD = {aten._scaled_dot_product_efficient_attention_backward,
-                      aten._scaled_dot_product_flash_attention_backward,
-                      aten._scaled_dot_product_cudnn_attention_backward}
 PER_TOKEN_SLACK = 1.5  # growth from n to 2n up to 1.5 values per token and head counts as one: chunk padding
 COLUMNS = ["variant", "batch", "n", "heads", "head_dim", "landmarks", "dtype", "index", "phase", "kernel", "programs",
            "loop", "trips", "n_dependent", "n_sized_dtypes", "violation"]
@@ -289,7 +286,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 ("n_sized_dtypes", "n-sized dtypes", str), ("violation", "breaks", str),
             ]))
             if gpu is not None:
-                predicted += predict.report(variant, kernels, args, batch, gpu)
+                predicted += predict.report(variant, kernels, args, batch, gpu, plan_variant)
     common.write_csv(rows, COLUMNS, out / "plan.csv")
     if gpu is not None:
         common.write_csv(predicted, predict.COLUMNS, out / "predict.csv")

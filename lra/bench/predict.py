@@ -15,9 +15,9 @@ COLUMNS = ["gpu", "variant", "batch", "n", "heads", "head_dim", "landmarks", "dt
 _SDPA: dict = {}  # (gpu, batch, n, heads, d, dtype) -> SDPA's layer_times
 
 
-def sdpa_times(args: argparse.Namespace, batch: int, gpu: roofline.Gpu) -> dict[str, float]:
-    """SDPA's (``attention=softmax``) predicted layer times at the same shape, by the same model (memoised)."""
-    from lra.bench.plan import plan_variant
+def sdpa_times(args: argparse.Namespace, batch: int, gpu: roofline.Gpu, plan_variant) -> dict[str, float]:
+    """SDPA's (``attention=softmax``) predicted layer times at the same shape, by the same model (memoised);
+    ``plan_variant`` is :func:`lra.bench.plan.plan_variant`."""
 
     key = (gpu.name, batch, args.n, args.heads, args.head_dim, args.dtype)
     if key not in _SDPA:
@@ -28,13 +28,14 @@ def sdpa_times(args: argparse.Namespace, batch: int, gpu: roofline.Gpu) -> dict[
     return _SDPA[key]
 
 
-def report(variant: common.Variant, kernels: list, args: argparse.Namespace, batch: int, gpu: roofline.Gpu) -> list[dict]:
+def report(variant: common.Variant, kernels: list, args: argparse.Namespace, batch: int, gpu: roofline.Gpu,
+           plan_variant) -> list[dict]:
     """Prints the predicted table of ``kernels`` (``variant``'s planned layer at ``batch``) and its totals; returns the
     rows of ``predict.csv``."""
     shape = (batch, args.heads, args.n, args.landmarks, args.head_dim)
     predictions = [roofline.predict(kernel, shape, gpu) for kernel in kernels]
     times = roofline.layer_times(predictions)
-    sdpa = sdpa_times(args, batch, gpu)
+    sdpa = sdpa_times(args, batch, gpu, plan_variant)
     head = {"gpu": gpu.name, "variant": variant.label, "batch": batch, "n": args.n, "heads": args.heads,
             "head_dim": args.head_dim, "landmarks": args.landmarks, "dtype": args.dtype}
     rows = []

@@ -32,6 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
+aten = torch.ops.aten
+GEMMS = {aten.mm, aten.bmm, aten.addmm, aten.baddbmm}
+ATTENTION_BACKWARD = {aten._scaled_dot_product_efficient_attention_backward,
+                      aten._scaled_dot_product_flash_attention_backward,
+                      aten._scaled_dot_product_cudnn_attention_backward}
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -153,8 +159,6 @@ def triton_flops(kernel, shape) -> tuple[float, bool]:
 
 def predict(kernel, shape, gpu: Gpu, aot: bool = True) -> Prediction:
     """The model (module doc) of one :class:`lra.bench.plan.Kernel` at ``shape = (B, H, n, m, d)`` on ``gpu``."""
-    from lra.bench.plan import ATTENTION_BACKWARD, GEMMS
-
     bytes_ = _bytes(kernel.tensors)
     packet = getattr(torch.ops.aten, kernel.kernel, None)
     packet = packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
