@@ -81,14 +81,16 @@ def test_refresh_rate_is_checked():
 
 
 def test_a_run_prints_its_dir_wandb_evaluations_and_result_only(tiny_listops_overrides, tmp_path):
-    """The real CLI with W&B offline, W&B not silenced by the environment: besides the bars, five lines."""
+    """The real CLI with W&B offline, W&B not silenced by the environment: besides the bars, six lines."""
     overrides = [o for o in tiny_listops_overrides if not o.startswith("logger=")]
     proc = run_in_process(["-m", "lra.train", *overrides, "logger=wandb", f"hydra.run.dir={tmp_path / 'run'}"],
                           env={"WANDB_SILENT": "false"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = other_lines(proc.stdout + proc.stderr)
-    assert [line.split(":")[0] for line in lines[:4]] == ["[lra] run dir", "[lra] W&B", "[lra] step 2/4", "[lra] step 4/4"], lines
-    assert len(lines) == 5 and lines[4].startswith("[lra] test acc "), lines
+    assert [line.split(":")[0] for line in lines[:5]] == ["[lra] run dir", "[lra] W&B", "[lra] forms", "[lra] step 2/4",
+                                                         "[lra] step 4/4"], lines
+    assert len(lines) == 6 and lines[5].startswith("[lra] test acc "), lines
+    assert lines[2] == "[lra] forms: impl=auto attention=pytorch dropout=cpu", lines[2]  # softmax on the CPU
     wandb_dir = next((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert lines[1] == f"[lra] W&B: offline run; `wandb sync {wandb_dir}` uploads it"
     assert bar_states(proc.stdout, "train")[-1] == (4, 4)
