@@ -99,7 +99,8 @@ def test_cpu_tensors_without_interpreted_kernels_are_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     attn = build_attention(compose_config(["attention=flashcur"]).attention, num_heads=2, head_dim=32)
     q = torch.randn(1, 2, 20, 32)
-    with pytest.raises(RuntimeError, match="imported without TRITON_INTERPRET=1"):
+    with pytest.raises(ValueError, match="attention.impl=triton of FlashCURAttention cannot run on cpu tensors .*"
+                                         "TRITON_INTERPRET=1 set before Python starts"):  # attention.impl's refusal
         attn(q, q, q, torch.ones(1, 20, dtype=torch.bool))
 
 
