@@ -26,6 +26,7 @@ Variants
     ``linformer``     Linformer: keys and values projected along the sequence, n -> k
     ``local``         LRA's local attention: softmax within non-overlapping blocks
     ``sparse_transformer``  Sparse Transformer's fixed / strided patterns (as LRA: a mask on dense softmax)
+    ``orthoformer``   Orthoformer: greedily most-orthogonal query landmarks, ``softmax(Q Lᵀ) softmax(L Kᵀ) V``
 
 Shared parts of the maths
     ``scores``        score functions (softmax, L1) that the approximations take
