@@ -262,7 +262,12 @@ def test_a_relative_dir_from_elsewhere_and_wandb_without_login_are_one_line(tmp_
                                        f"checkout's is {REPO_ROOT / 'docs' / 'runs'}, give that\n")
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    assert report.main(["--wandb", "someone/lra-attention"]) == 1
+    try:
+        assert report.main(["--wandb", "someone/lra-attention"]) == 1
+    finally:  # W&B's process-wide session (online, no key) would else refuse the offline runs of later tests
+        import wandb
+
+        wandb.teardown()
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("[lra] FAILED: --wandb someone/lra-attention: could not read W&B runs") and "wandb login" in line
 
