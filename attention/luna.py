@@ -25,8 +25,9 @@ What follows the authors' code (XuezheMax/fairseq-apollo, ``fairseq/modules/luna
 * pads are masked as keys of the pack, so ``Y_P`` is a function of the real tokens only;
 * dynamic projection (``dynamic_projection``, the encoder's default there, which the LRA model keeps): a sequence
   of ℓ real tokens uses the first ``min(p, ℓ)`` rows of ``P``; the others are masked as keys of the unpack
-  (:meth:`LunaAttention.projection_mask`). The authors also cut ``P`` to ``max ℓ`` rows of the batch: an
-  optimisation with the same result (a masked row never reaches another row), left out here (it needs a host sync).
+  (:meth:`LunaAttention.projection_mask`). The authors also cut ``P`` to the batch's ``max ℓ`` rows, which changes
+  no result (a masked row never reaches another row); we cut it to ``min(p, n)`` rows, n the padded length (a shape,
+  so no host sync): rows past n are masked for every sequence (:meth:`LunaAttention.rows`).
 
 Appending pads changes no real token's output: the pack reads real keys only and ``min(p, ℓ)`` counts real tokens.
 A sequence with no real token has no key in either step (its outputs are undefined, as in softmax attention).
@@ -63,13 +64,31 @@ class LunaAttention(nn.Module):
         self.dynamic_projection = dynamic_projection
         self.dropout = check_dropout(dropout)
 
+    def rows(self, n: int) -> int:
+        """How many rows of ``P`` a batch padded to n tokens carries: ``min(p, n)`` with dynamic projection (no
+        sequence uses more), else p."""
+        return min(self.projection_length, n) if self.dynamic_projection else self.projection_length
+
+    def split_rows(self, total: int) -> tuple[int, int]:
+        """``(rows of P, n)`` of a ``[P; X]`` of ``total`` rows (inverse of ``rows(n) + n``): without dynamic
+        projection ``(p, total − p)``; with it ``total = min(p, n) + n``, so ``n = total − p`` when ``total ≥ 2p``,
+        else ``n = total / 2``."""
+        p = self.projection_length
+        n = total - p if not self.dynamic_projection or total >= 2 * p else total // 2
+        return total - n, n
+
     def projection_mask(self, key_mask: torch.Tensor) -> torch.Tensor:
-        """Which rows of ``P`` each sequence uses, bool ``(B, p)``: the first ``min(p, ℓ)`` (ℓ real tokens) with
-        dynamic projection, else all."""
-        rows = torch.arange(self.projection_length, device=key_mask.device)
+        """Which of the ``rows(n)`` rows of ``P`` each sequence uses, bool ``(B, rows(n))`` for ``key_mask``
+        ``(B, n)``: the first ``min(p, ℓ)`` (ℓ real tokens) with dynamic projection, else all."""
+        rows = torch.arange(self.rows(key_mask.shape[1]), device=key_mask.device)
         if self.dynamic_projection:
             return rows < key_mask.sum(-1, keepdim=True)
         return (rows >= 0).expand(key_mask.shape[0], -1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """Refused: Luna is not a drop-in ``attn(q, k, v, key_mask)``; its layer carries ``P`` (:mod:`models.luna`)."""
+        raise ValueError("attention=luna runs in its own layers (model=luna, models.luna.LunaBlock), which carry the "
+                         "sequence P between layers: drop the model= override that replaced them")
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``softmax(q kᵀ/√d + mask) v`` with ``mask`` bool ``(B, keys)`` (True = may attend), fused."""

@@ -1,7 +1,7 @@
 """Luna encoder (Ma et al. 2021, §3; docs/design.md §3 "The encoder"): the extra sequence ``P`` rides as a prefix.
 
-The blocks see ``[P; X]`` ``(B, p + n, d_model)`` with the mask ``[P mask; key_mask]`` ``(B, p + n)`` (the P mask
-from ``LunaAttention.projection_mask``), so the block contract (``block(x, key_mask, aux_losses) -> x``) and the
+The blocks see ``[P; X]`` ``(B, r + n, d_model)`` with the mask ``[P mask; key_mask]`` ``(B, r + n)`` (r =
+``LunaAttention.rows(n)``: p, or ``min(p, n)`` with dynamic projection; the P mask from ``projection_mask``), so the block contract (``block(x, key_mask, aux_losses) -> x``) and the
 encoder loop stay those of :mod:`models.encoder`, as with Proxyformer's prefix. One Luna layer, with ``Y_X, Y_P`` the
 unpack and pack outputs of :mod:`attention.luna` and ``drop`` the model dropout (§3.2, post-LayerNorm)::
 
@@ -81,10 +81,11 @@ class LunaBlock(TransformerBlock):
         self.projection_norm = nn.LayerNorm(d_model)
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor, aux_losses: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``h = [P; X]`` ``(B, p + n, d_model)``, ``mask`` ``(B, p + n)`` -> ``[P'; X']``."""
-        p = self.attn.attend.projection_length
-        projected, x = h.split([p, h.shape[1] - p], dim=1)
-        projection_mask, key_mask = mask.split([p, mask.shape[1] - p], dim=1)
+        """``h = [P; X]`` ``(B, r + n, d_model)``, ``mask`` ``(B, r + n)`` -> ``[P'; X']`` (r rows of P:
+        ``LunaAttention.rows(n)``)."""
+        rows = self.attn.attend.split_rows(h.shape[1])  # (rows of P, n)
+        projected, x = h.split(rows, dim=1)
+        projection_mask, key_mask = mask.split(rows, dim=1)
         y, packed = self.attn(x, projected, key_mask, projection_mask)
         x = self.norm1(x + self.dropout(y))
         projected = self.projection_norm(projected + self.dropout(packed))
@@ -120,10 +121,10 @@ class LunaEncoder(Encoder):
     def token_states(self, input_ids: torch.Tensor, key_mask: torch.Tensor, aux_losses: dict) -> torch.Tensor:
         """``(B, n)`` ids and mask -> final states ``(B, n, d_model)`` of the input rows (``P`` dropped)."""
         x = self.embed(input_ids)
-        batch, p = x.shape[0], self.projections.shape[0]
-        projected = self.embedding_dropout(self.projection_norm(self.projections).expand(batch, p, -1))
-        h = torch.cat([projected, x], dim=1)  # (B, p + n, d)
+        batch, r = x.shape[0], self.luna_attention.rows(x.shape[1])  # r = min(projection_length, n) when dynamic
+        projected = self.embedding_dropout(self.projection_norm(self.projections[:r]).expand(batch, r, -1))
+        h = torch.cat([projected, x], dim=1)  # (B, r + n, d)
         mask = torch.cat([self.luna_attention.projection_mask(key_mask), key_mask], dim=1)
         for block in self.blocks:
             h = block(h, mask, aux_losses)
-        return self.final_norm(h[:, p:])
+        return self.final_norm(h[:, r:])
