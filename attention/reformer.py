@@ -1,0 +1,155 @@
+"""Reformer's LSH attention (Kitaev, Kaiser, Levskaya, "Reformer: The Efficient Transformer", ICLR 2020, §2–3).
+
+Shared QK (§2 "Shared-QK Transformer"): the keys are the queries, unit-normalised, ``k_j = q_j / ‖q_j‖``; the
+``k`` argument is not read. Its projection ``k_proj`` (:class:`models.blocks.MultiHeadAttention`, kept so
+checkpoints move between variants) then gets an exactly zero gradient: q, k, v come from one GEMM over the
+three weights concatenated, so ``k_proj`` is in the graph (DDP with ``find_unused_parameters: false`` sees a
+gradient for it) and only AdamW's weight decay moves it. The other choice, dropping ``k_proj`` from the block,
+would change the checkpoint keys every other variant shares.
+
+Hashing (§2 "Locality sensitive hashing"): a random rotation ``R`` ``(d, b/2)`` per round, ``h(x) =
+argmax([xR; −xR])`` over b = ``num_buckets`` buckets, on the queries (argmax is blind to the norm).
+Per round r (``n_hashes`` rounds, each its own R): the tokens are sorted by bucket (ties by position, a stable
+sort), the sorted sequence is cut into chunks of m = ``bucket_size`` tokens, and query i attends to
+``P̃_i^(r) = {j : ⌊s_j/m⌋ ∈ {⌊s_i/m⌋ − 1, ⌊s_i/m⌋}}`` (s: sorted positions in round r; its own chunk and the
+previous one, across bucket boundaries). Scores ``q_iᵀk_j/√d − m^(r)_ij`` with (§2, multi-round equations)
+``m^(r)_ij = ∞`` for j ∉ P̃_i^(r) or a pad key, ``10⁵`` for j = i (no attention to self unless i has no other
+target), else ``log N_ij``, ``N_ij = |{r' : j ∈ P̃_i^(r')}|``. Each round gives ``o_i^(r)`` and its log-sum-exp
+``z_i^(r)``; ``o_i = Σ_r exp(z_i^(r) − LSE_r' z_i^(r')) o_i^(r)``. Together: a softmax over the union of the
+rounds' targets, each key counted once however many rounds found it (the test checks exactly that).
+
+Where references differ (we follow the paper's equations): reformer-pytorch 1.4.4 (``LSHAttention``), trax and
+Hugging Face's ``LSHSelfAttention`` let the first chunk of every round look back, cyclically, at the last chunk
+of the previous round; the paper's P̃_i has no chunk before the first. In reformer-pytorch with
+``allow_duplicate_attention=False`` (the paper's N_ij) such a cross-round pair is not counted (N_ij can be 0,
+its score then gets ``−log 1e-9 = +20.7``); its default counts nothing. Self is masked to an absolute −5·10⁴
+there, ``score − 10⁵`` here; both weigh self 0 unless alone. Elsewhere the test matches it to float64 rounding.
+
+Rotations: one set ``(n_hashes, d, b/2)`` per layer shared by its heads and batch (reformer-pytorch's
+default). The paper's, trax's, reformer-pytorch's and Hugging Face's layers (the one Nyströmformer's LRA code,
+behind the Proxyformer table's "Reformer-2*", wraps) draw new rotations at every call. Here ``redraw: false``
+(default) keeps the set drawn from ``seed`` at construction (deterministic evaluation, compiled = eager, a test
+can hand the same R to a reference: Hugging Face's ``hash_seed``); ``redraw: true`` draws fresh ones from the
+device's generator at every training forward (evaluation keeps the seeded set).
+
+Buckets and chunks: b is a setting, not derived from n (reformer-pytorch uses n/m, Hugging Face
+2^⌊log2(2⌊n/64⌋)⌋: 32 at ListOps' n = 2000 and at 1024, 64 at Text's and Retrieval's 4000). Any n works: the sequence is padded inside to n' = a multiple
+of m.
+
+Padding: pad tokens (``key_mask`` False, and the pads to n') get the bucket b, after every real bucket, so in
+every round they sort after the real tokens. Appending pads therefore leaves each real token's bucket, sorted
+position, chunk, targets and N_ij unchanged, and pads get weight exactly 0: real outputs are invariant
+(tested). That holds because b and R do not depend on n and chunks never wrap across rounds; in the references
+(b from the length, pads hashed by their values, cyclic look-back) appending pads moves buckets and chunk
+boundaries. With ``redraw: true`` two training calls differ anyway (different R).
+
+Shapes: ``q, k`` ``(B, H, n, d)``, ``v`` ``(B, H, n, e)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, e)``. Cost per round O(n log n)
+for the sort and O(n m d) for the ``(B, H, r, n'/m, m, 2m)`` batched scores; no loop over tokens or chunks.
+Computed in at least float32 with autocast off (the 10⁵ self offset overflows float16).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention.config_checks import check_positive_int
+from kernels.common.precision import autocast_off
+
+SELF_PENALTY = 1e5  # the paper's m_ii: self only when nothing else is in reach
+
+
+def window(x: torch.Tensor) -> torch.Tensor:
+    """``(..., c, m, e)`` chunks -> ``(..., c, 2m, e)``: each chunk followed by the one before it (chunk 0 gets
+    the last chunk, which the caller masks)."""
+    return torch.cat([x, x.roll(1, dims=-3)], dim=-2)
+
+
+class ReformerAttention(nn.Module):
+    """Multi-round LSH attention with shared QK (see the module docstring)."""
+
+    def __init__(self, num_heads: int, head_dim: int, n_hashes: int = 2, bucket_size: int = 64,
+                 num_buckets: int = 32, redraw: bool = False, seed: int = 0):
+        super().__init__()
+        self.n_hashes = check_positive_int(n_hashes, "n_hashes")
+        self.bucket_size = check_positive_int(bucket_size, "bucket_size")
+        if check_positive_int(num_buckets, "num_buckets") % 2:
+            raise ValueError(f"attention.num_buckets must be even (h(x) = argmax([xR; -xR]) has 2 buckets per "
+                             f"column of R), got {num_buckets}")
+        if not isinstance(redraw, bool):
+            raise ValueError(f"attention.redraw must be true or false, got {redraw!r}")
+        self.num_buckets = num_buckets
+        self.redraw = redraw
+        self.head_dim = head_dim
+        generator = torch.Generator().manual_seed(seed)
+        self.register_buffer("rotations", torch.randn(n_hashes, head_dim, num_buckets // 2, generator=generator))
+
+    def buckets(self, q: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """``(B, H, r, n')`` bucket of every token in every round; pads get ``num_buckets`` (sorted last)."""
+        rotations = self.rotations
+        if self.redraw and self.training:
+            rotations = torch.randn(rotations.shape, device=q.device, dtype=q.dtype)
+        rotated = torch.einsum("bhnd,rdk->bhrnk", q, rotations.to(q.dtype))
+        hashed = torch.cat([rotated, -rotated], dim=-1).argmax(-1)
+        return torch.where(real[:, None, None, :], hashed, self.num_buckets)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        n, d, out_dtype = q.shape[-2], q.shape[-1], q.dtype
+        m, rounds = self.bucket_size, self.n_hashes
+        pad = (-n) % m
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        with autocast_off(q.device.type):
+            q, v = (F.pad(x.to(dtype), (0, 0, 0, pad)) for x in (q, v))
+            real = F.pad(key_mask, (0, pad), value=False)  # (B, n')
+            n_pad = n + pad
+            chunks = n_pad // m
+            # sort each round by bucket; `order[s]` is the token at sorted position s, `undo[t]` token t's position
+            order = torch.sort(self.buckets(q, real), dim=-1, stable=True).indices  # (B, H, r, n')
+            positions = torch.arange(n_pad, device=q.device).expand_as(order)
+            undo = torch.empty_like(order).scatter_(-1, order, positions)
+
+            def sorted_chunks(x):  # (B, H, n', e) -> (B, H, r, n'/m, m, e) in round r's sorted order
+                index = order.unsqueeze(-1).expand(-1, -1, -1, -1, x.shape[-1])
+                gathered = x.unsqueeze(2).expand(-1, -1, rounds, -1, -1).gather(-2, index)
+                return gathered.unflatten(-2, (chunks, m))
+
+            sq, sv = sorted_chunks(q), sorted_chunks(v)
+            keys = window(F.normalize(sq, dim=-1))  # (B, H, r, c, 2m, d): k_j = q_j/‖q_j‖
+            scores = (sq @ keys.transpose(-1, -2)) * d**-0.5  # (B, H, r, c, m, 2m)
+
+            t_query = order.unflatten(-1, (chunks, m)).unsqueeze(-1)  # (B, H, r, c, m, 1): token ids
+            t_key = window(t_query).transpose(-1, -2)  # (B, H, r, c, 1, 2m)
+            real_key = real.gather(-1, t_key.flatten(1)).view(t_key.shape)
+            real_query = real.gather(-1, t_query.flatten(1)).view(t_query.shape)
+            has_previous = torch.arange(2 * m, device=q.device) < m  # own chunk ...
+            has_previous = has_previous | (torch.arange(chunks, device=q.device) > 0)[:, None, None]  # ... or c > 0
+            # pad queries may attend anything in reach (a finite row; their outputs are discarded)
+            allowed = (real_key | ~real_query) & has_previous
+            scores = scores - SELF_PENALTY * (t_query == t_key)
+            if rounds > 1:
+                scores = scores - self.duplicates(undo, t_query, t_key, m).to(dtype).log()
+            scores = scores.masked_fill(~allowed, -torch.inf)
+            lse = scores.logsumexp(-1, keepdim=True)  # (B, H, r, c, m, 1): z_i^(r)
+            out = torch.exp(scores - lse) @ window(sv)  # (B, H, r, c, m, d): o_i^(r)
+
+            index = undo.unsqueeze(-1)  # back to token order
+            out = out.flatten(3, 4).gather(-2, index.expand(-1, -1, -1, -1, out.shape[-1]))  # (B, H, r, n', d)
+            lse = lse.flatten(3, 5).gather(-1, undo)  # (B, H, r, n')
+            out = (out * torch.softmax(lse, dim=2).unsqueeze(-1)).sum(2)  # Σ_r exp(z^(r) − LSE_r z) o^(r)
+        return out[:, :, :n].to(out_dtype)
+
+    @staticmethod
+    def duplicates(undo: torch.Tensor, t_query: torch.Tensor, t_key: torch.Tensor, m: int) -> torch.Tensor:
+        """``N_ij`` ``(B, H, r, c, m, 2m)``: in how many rounds r' key j is in query i's reach,
+        ``⌊s_i/m⌋ − ⌊s_j/m⌋ ∈ {0, 1}`` with s the sorted positions of round r'."""
+        chunk_of = (undo // m).transpose(-1, -2).flatten(1, 2)  # (B, H·n', r'): token's chunk in each round
+        heads, n_pad = undo.shape[1], undo.shape[-1]
+        offsets = (torch.arange(heads, device=undo.device) * n_pad).view(1, heads, 1, 1, 1, 1)
+
+        def chunks_of(t):  # token ids (B, H, ...) -> (B, H, ..., r')
+            flat = (t + offsets).flatten(1)
+            return chunk_of.gather(1, flat.unsqueeze(-1).expand(-1, -1, chunk_of.shape[-1])).view(*t.shape, -1)
+
+        gap = chunks_of(t_query) - chunks_of(t_key)  # (B, H, r, c, m, 2m, r')
+        return ((gap == 0) | (gap == 1)).sum(-1)
