@@ -28,8 +28,10 @@ the last two rows may repeat window blocks) and its eval mode (all random blocks
 
 Short sequences: where C_i has fewer than r members, R_i is all of C_i (the unused slots are masked; the LRA and
 Hugging Face code fail there, and Hugging Face's ``BigBirdModel`` switches to full attention for n' ≤ (5 + 2r)·b).
-For nb ≤ 4 the window and global blocks cover every pair, and so does nb ≤ 7 with r ≥ 3 (C_i ⊆ R_i): there the
-output is dense softmax over the real keys.
+For nb ≤ 4 the window and global blocks cover every pair, and so does nb ≤ 7 with r ≥ 3 and n' ≤ ``random_span``
+(C_i ⊆ R_i): there the output is dense softmax over the real keys (``task=listops_small``, n ≤ 200 with b = 64, is
+such a case; LRA ListOps, n' = 2048, is 32 blocks). No attention dropout: neither reference drops block-sparse
+weights.
 
 Shapes: ``q, k, v`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, d)``. Cost O(n·b·(5 + r)·d)
 time and O(n·b·(5 + r)) memory for the scores (the two global rows: O(b·n·d) each): the key and value blocks of

@@ -131,9 +131,10 @@ def test_short_sequences_match_the_pattern_written_out(n, block, r):
     assert max_real_error(attn(q, k, v, mask), expected, mask) < 1e-13
 
 
-@pytest.mark.parametrize("n, block, r", [(5, 8, 3), (16, 8, 0), (10, 4, 0), (12, 3, 3), (20, 3, 3)])
+@pytest.mark.parametrize("n, block, r", [(5, 8, 3), (16, 8, 0), (10, 4, 0), (12, 3, 3), (14, 3, 3), (17, 3, 3),
+                                         (20, 3, 3)])
 def test_a_pattern_covering_every_pair_is_softmax(n, block, r):
-    """nb = 1, 2, 3, 4 blocks: window and global blocks cover every pair; nb = 7 with r = 3: C_i ⊆ R_i too."""
+    """nb = 1, 2, 3, 4 blocks: window and global blocks cover every pair; nb = 5, 6, 7 with r = 3: C_i ⊆ R_i too."""
     q, k, v = random_qkv(n=n, d=8, seed=1)
     mask = padded_mask(2, n, [n, n // 2 + 1])
     y = BigBirdAttention(2, 8, block_size=block, num_random_blocks=r)(q, k, v, mask)
