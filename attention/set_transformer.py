@@ -35,8 +35,8 @@ the m inducing results, which pads never reach, so appending pads changes no rea
 with no real token has no key in stage 1 (its outputs are undefined, as in softmax attention).
 
 Both stages are fused softmax-attention calls (``F.scaled_dot_product_attention``; on CPU PyTorch's flash kernel,
-forward + backward 1.6-1.8× faster at n 4096 on one thread than the same maths as matmul + softmax), so neither the
-``(m, n)`` nor the ``(n, m)`` weights are stored.
+faster than the same maths as matmul + softmax: docs/bench.md), so neither the ``(m, n)`` nor the ``(n, m)``
+weights are stored.
 
 Shapes: ``q, k, v`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, d)``. Cost O(n m D) time,
 O(n m) memory. Default m = 128 (Proxyformer Table 1's "Set Transformer-ISAB-128").
