@@ -122,7 +122,7 @@ class LunaEncoder(Encoder):
         """``(B, n)`` ids and mask -> final states ``(B, n, d_model)`` of the input rows (``P`` dropped)."""
         x = self.embed(input_ids)
         batch, r = x.shape[0], self.luna_attention.rows(x.shape[1])  # r = min(projection_length, n) when dynamic
-        projected = self.embedding_dropout(self.projection_norm(self.projections[:r]).expand(batch, r, -1))
+        projected = self.embedding_dropout(self.projection_norm(self.projections)[:r].expand(batch, r, -1))  # row-wise norm
         h = torch.cat([projected, x], dim=1)  # (B, r + n, d)
         mask = torch.cat([self.luna_attention.projection_mask(key_mask), key_mask], dim=1)
         for block in self.blocks:

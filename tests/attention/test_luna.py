@@ -150,3 +150,17 @@ def test_the_tables_settings_are_one_override_each():
     """CUR Table 1's Luna-256 is the default; Proxyformer Table 1's Luna-128 is projection_length=128."""
     assert luna_model()[0].projections.shape == (256, 64)
     assert luna_model("attention.projection_length=128")[0].projections.shape == (128, 64)
+
+
+def test_a_softmax_checkpoint_loads_with_only_lunas_own_parameters_initialised(tmp_path):
+    """Direct weight transfer (lra.runtime.checkpoints): the unpack keeps softmax's ``q/k/v/out_proj`` names."""
+    from lra.runtime.checkpoints import load_transferred_weights
+
+    softmax = build_model(compose_config(["task=listops_small"]))
+    torch.save({"state_dict": {f"model.{k}": v for k, v in softmax.state_dict().items()}}, tmp_path / "softmax.ckpt")
+    report = load_transferred_weights(luna_model()[0].float(), tmp_path / "softmax.ckpt")
+    own = [f"blocks.{i}.{name}.{p}" for i in (0, 1) for name in ("attn.pk_proj", "attn.pq_proj", "attn.pv_proj",
+                                                                 "projection_norm") for p in ("bias", "weight")]
+    assert report == {"skipped": ["final_norm.bias", "final_norm.weight"],  # post-norm: no norm before pooling
+                      "initialised": [*own, "embedding_norm.bias", "embedding_norm.weight", "projection_norm.bias",
+                                      "projection_norm.weight", "projections"]}
