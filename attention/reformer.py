@@ -116,22 +116,13 @@ class ReformerAttention(nn.Module):
 
             sq, sv = sorted_chunks(q), sorted_chunks(v)
             keys = window(F.normalize(sq, dim=-1))  # (B, H, r, c, 2m, d): k_j = q_j/‖q_j‖
-            scores = (sq @ keys.transpose(-1, -2)) * d**-0.5  # (B, H, r, c, m, 2m)
-
             t_query = order.unflatten(-1, (chunks, m)).unsqueeze(-1)  # (B, H, r, c, m, 1): token ids
             t_key = window(t_query).transpose(-1, -2)  # (B, H, r, c, 1, 2m)
-            real_key = real.gather(-1, t_key.flatten(1)).view(t_key.shape)
-            real_query = real.gather(-1, t_query.flatten(1)).view(t_query.shape)
-            has_previous = torch.arange(2 * m, device=q.device) < m  # own chunk ...
-            has_previous = has_previous | (torch.arange(chunks, device=q.device) > 0)[:, None, None]  # ... or c > 0
-            # pad queries may attend anything in reach (a finite row; their outputs are discarded)
-            allowed = (real_key | ~real_query) & has_previous
-            scores = scores - SELF_PENALTY * (t_query == t_key)
-            if rounds > 1:
-                scores = scores - self.duplicates(undo, t_query, t_key, m).to(dtype).log()
-            scores = scores.masked_fill(~allowed, -torch.inf)
+            with torch.no_grad():
+                bias = self.score_bias(real, undo, t_query, t_key, dtype)  # (B, H, r, c, m, 2m): −m_ij
+            scores = (sq * d**-0.5) @ keys.transpose(-1, -2) + bias  # (B, H, r, c, m, 2m)
             lse = scores.logsumexp(-1, keepdim=True)  # (B, H, r, c, m, 1): z_i^(r)
-            out = torch.exp(scores - lse) @ window(sv)  # (B, H, r, c, m, d): o_i^(r)
+            out = torch.softmax(scores, -1) @ window(sv)  # (B, H, r, c, m, e): o_i^(r)
 
             index = undo.unsqueeze(-1)  # back to token order
             out = out.flatten(3, 4).gather(-2, index.expand(-1, -1, -1, -1, out.shape[-1]))  # (B, H, r, n', d)
@@ -139,17 +130,27 @@ class ReformerAttention(nn.Module):
             out = (out * torch.softmax(lse, dim=2).unsqueeze(-1)).sum(2)  # Σ_r exp(z^(r) − LSE_r z) o^(r)
         return out[:, :, :n].to(out_dtype)
 
-    @staticmethod
-    def duplicates(undo: torch.Tensor, t_query: torch.Tensor, t_key: torch.Tensor, m: int) -> torch.Tensor:
-        """``N_ij`` ``(B, H, r, c, m, 2m)``: in how many rounds r' key j is in query i's reach,
-        ``⌊s_i/m⌋ − ⌊s_j/m⌋ ∈ {0, 1}`` with s the sorted positions of round r'."""
-        chunk_of = (undo // m).transpose(-1, -2).flatten(1, 2)  # (B, H·n', r'): token's chunk in each round
-        heads, n_pad = undo.shape[1], undo.shape[-1]
-        offsets = (torch.arange(heads, device=undo.device) * n_pad).view(1, heads, 1, 1, 1, 1)
-
-        def chunks_of(t):  # token ids (B, H, ...) -> (B, H, ..., r')
-            flat = (t + offsets).flatten(1)
-            return chunk_of.gather(1, flat.unsqueeze(-1).expand(-1, -1, chunk_of.shape[-1])).view(*t.shape, -1)
-
-        gap = chunks_of(t_query) - chunks_of(t_key)  # (B, H, r, c, m, 2m, r')
-        return ((gap == 0) | (gap == 1)).sum(-1)
+    def score_bias(self, real: torch.Tensor, undo: torch.Tensor, t_query: torch.Tensor, t_key: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
+        """``−m^(r)_ij`` ``(B, H, r, c, m, 2m)`` for the queries ``t_query`` ``(B, H, r, c, m, 1)`` and their reach
+        ``t_key`` ``(B, H, r, c, 1, 2m)`` (token ids): −∞ off reach (chunk 0 has no previous chunk) or on a pad key
+        of a real query (a pad query may attend anything: a finite row, its output is discarded), −10⁵ on self,
+        else ``−log N_ij`` with ``N_ij`` the rounds r' in which ``⌊s_i/m⌋ − ⌊s_j/m⌋ ∈ {0, 1}`` (s: round r''s
+        sorted positions; ``undo`` ``(B, H, r, n')`` holds them)."""
+        m, chunks = t_query.shape[-2], t_query.shape[3]
+        real_key = real.gather(-1, t_key.flatten(1)).view(t_key.shape)
+        real_query = real.gather(-1, t_query.flatten(1)).view(t_query.shape)
+        in_reach = torch.arange(2 * m, device=real.device) < m  # own chunk ...
+        in_reach = in_reach | (torch.arange(chunks, device=real.device) > 0)[:, None, None]  # ... or c > 0
+        allowed = (real_key | ~real_query) & in_reach
+        bias = torch.where(t_query == t_key, -SELF_PENALTY, 0.0).to(dtype)
+        if self.n_hashes > 1:
+            chunk_of = torch.div(undo, m, rounding_mode="floor").to(torch.int32)  # (B, H, r', n')
+            count = None
+            for other in range(self.n_hashes):  # N_ij, one round r' at a time (a few elementwise ops each)
+                gap = (chunk_of[:, :, other].gather(-1, t_query.flatten(2)).view(t_query.shape)
+                       - chunk_of[:, :, other].gather(-1, t_key.flatten(2)).view(t_key.shape))
+                hit = (gap == 0) | (gap == 1)
+                count = hit.to(torch.int32) if count is None else count + hit
+            bias = bias - count.to(dtype).log()
+        return bias.masked_fill(~allowed, -torch.inf)
