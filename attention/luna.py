@@ -1,12 +1,12 @@
-"""Luna attention (Ma et al. 2021, "Luna: Linear Unified Nested Attention", NeurIPS; §3): the per-head pack and
-unpack steps. The layer and the extra sequence it carries live in :mod:`models.luna`.
+"""Luna attention (Ma et al., "Luna: Linear Unified Nested Attention", NeurIPS 2021; the paper's "Pack and Unpack
+Attention"): the per-head pack and unpack steps. The layer and the extra sequence it carries live in :mod:`models.luna`.
 
 Each layer takes the input ``X`` ``(n, d_model)`` and an extra sequence ``P`` ``(p, d_model)`` (p =
 ``projection_length``, learned ``P₀`` before the first layer) and returns ``X'`` and ``P'``. Per head h (d = head_dim):
 
-* pack (§3.1):   ``Y_P^h = softmax(P W_pq^h (X W_pk^h)ᵀ/√d + pad mask) X W_pv^h``      ``(p, d)``
+* pack:   ``Y_P^h = softmax(P W_pq^h (X W_pk^h)ᵀ/√d + pad mask) X W_pv^h``      ``(p, d)``
   the heads concatenated, ``Y_P`` ``(p, d_model)``, with no output projection;
-* unpack (§3.1): ``Y_X^h = softmax(X W_q^h (Y_P W_k^h)ᵀ/√d + P mask) Y_P W_v^h``        ``(n, d)``
+* unpack: ``Y_X^h = softmax(X W_q^h (Y_P W_k^h)ᵀ/√d + P mask) Y_P W_v^h``        ``(n, d)``
   then ``W_o`` over the concatenated heads, ``(n, d_model)``.
 
 Cost O(n p d) time per head and O(n d + p d) memory: both products are fused softmax-attention calls

@@ -1,9 +1,9 @@
-"""Luna encoder (Ma et al. 2021, §3; docs/design.md §3 "The encoder"): the extra sequence ``P`` rides as a prefix.
+"""Luna encoder (Ma et al. 2021; docs/design.md §3 "The encoder"): the extra sequence ``P`` rides as a prefix.
 
 The blocks see ``[P; X]`` ``(B, r + n, d_model)`` with the mask ``[P mask; key_mask]`` ``(B, r + n)`` (r =
 ``LunaAttention.rows(n)``: p, or ``min(p, n)`` with dynamic projection; the P mask from ``projection_mask``), so the block contract (``block(x, key_mask, aux_losses) -> x``) and the
 encoder loop stay those of :mod:`models.encoder`, as with Proxyformer's prefix. One Luna layer, with ``Y_X, Y_P`` the
-unpack and pack outputs of :mod:`attention.luna` and ``drop`` the model dropout (§3.2, post-LayerNorm)::
+unpack and pack outputs of :mod:`attention.luna` and ``drop`` the model dropout (the paper's "Luna Layers", post-LayerNorm)::
 
     X_A = LN₁(X + drop(Y_X))       P' = LN_P(P + drop(Y_P))       X' = LN₂(X_A + drop(FFN(X_A)))
 
