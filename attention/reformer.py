@@ -152,5 +152,6 @@ class ReformerAttention(nn.Module):
                        - chunk_of[:, :, other].gather(-1, t_key.flatten(2)).view(t_key.shape))
                 hit = (gap == 0) | (gap == 1)
                 count = hit.to(torch.int32) if count is None else count + hit
-            bias = bias - count.to(dtype).log()
+            log_count = torch.arange(self.n_hashes + 1, device=real.device, dtype=dtype).log()  # a table: N ≤ rounds
+            bias = bias - log_count[count]
         return bias.masked_fill(~allowed, -torch.inf)
