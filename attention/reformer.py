@@ -18,23 +18,24 @@ target), else ``log N_ij``, ``N_ij = |{r' : j ∈ P̃_i^(r')}|``. Each round giv
 ``z_i^(r)``; ``o_i = Σ_r exp(z_i^(r) − LSE_r' z_i^(r')) o_i^(r)``. Together: a softmax over the union of the
 rounds' targets, each key counted once however many rounds found it (the test checks exactly that).
 
-Where references differ (we follow the paper's equations): reformer-pytorch 1.4.4 (``LSHAttention``), trax and
-Hugging Face's ``LSHSelfAttention`` let the first chunk of every round look back, cyclically, at the last chunk
-of the previous round; the paper's P̃_i has no chunk before the first. In reformer-pytorch with
-``allow_duplicate_attention=False`` (the paper's N_ij) such a cross-round pair is not counted (N_ij can be 0,
-its score then gets ``−log 1e-9 = +20.7``); its default counts nothing. Self is masked to an absolute −5·10⁴
-there, ``score − 10⁵`` here; both weigh self 0 unless alone. Elsewhere the test matches it to float64 rounding.
+Where references differ (we follow the paper's equations as we read them): reformer-pytorch 1.4.4
+(``LSHAttention``), trax and Hugging Face's ``LSHSelfAttention`` let the first chunk of every round look back,
+cyclically, at the last chunk of the previous round; §2's P̃_i has no chunk before the first. In reformer-pytorch
+with ``allow_duplicate_attention=False`` (the paper's N_ij) such a cross-round pair is not counted: N_ij can be 0
+and its score gains ``−log 1e-9 = +20.7``; its default counts no duplicates at all. Self is masked to an absolute
+−5·10⁴ there, ``score − 10⁵`` here; both weigh self 0 unless alone. Off the first chunks the test matches it.
 
-Rotations: one set ``(n_hashes, d, b/2)`` per layer shared by its heads and batch (reformer-pytorch's
-default). The paper's, trax's, reformer-pytorch's and Hugging Face's layers (the one Nyströmformer's LRA code,
-behind the Proxyformer table's "Reformer-2*", wraps) draw new rotations at every call. Here ``redraw: false``
-(default) keeps the set drawn from ``seed`` at construction (deterministic evaluation, compiled = eager, a test
-can hand the same R to a reference: Hugging Face's ``hash_seed``); ``redraw: true`` draws fresh ones from the
-device's generator at every training forward (evaluation keeps the seeded set).
+Rotations: one set ``(n_hashes, d, b/2)`` per layer shared by its heads and batch (reformer-pytorch's default).
+The paper's, trax's, reformer-pytorch's and Hugging Face's layers (the one Nyströmformer's LRA code, behind the
+Proxyformer table's "Reformer-2*", wraps) draw new rotations at every call, training and evaluation. Here
+``redraw: false`` (default) keeps the set drawn from ``seed`` at construction (deterministic evaluation, compiled
+= eager, a test can hand the same R to a reference: Hugging Face's ``hash_seed``); ``redraw: true`` draws fresh
+ones from the device's generator at every training forward (evaluation keeps the seeded set).
 
-Buckets and chunks: b is a setting, not derived from n (reformer-pytorch uses n/m, Hugging Face
-2^⌊log2(2⌊n/64⌋)⌋: 32 at ListOps' n = 2000 and at 1024, 64 at Text's and Retrieval's 4000). Any n works: the sequence is padded inside to n' = a multiple
-of m.
+Buckets and chunks: b is a setting, not derived from n. The paper pairs them as m = 2n/b (a chunk holds two
+average buckets); Hugging Face's default b = 2^⌊log2(2⌊n/64⌋)⌋ with m = 64 (32 at ListOps' n = 2000 and at
+1024, 64 at Text's and Retrieval's 4000); reformer-pytorch fixes b = n/m. Any n works: the sequence is padded
+inside to n', a multiple of m.
 
 Padding: pad tokens (``key_mask`` False, and the pads to n') get the bucket b, after every real bucket, so in
 every round they sort after the real tokens. Appending pads therefore leaves each real token's bucket, sorted
@@ -43,8 +44,9 @@ position, chunk, targets and N_ij unchanged, and pads get weight exactly 0: real
 (b from the length, pads hashed by their values, cyclic look-back) appending pads moves buckets and chunk
 boundaries. With ``redraw: true`` two training calls differ anyway (different R).
 
-Shapes: ``q, k`` ``(B, H, n, d)``, ``v`` ``(B, H, n, e)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, e)``. Cost per round O(n log n)
-for the sort and O(n m d) for the ``(B, H, r, n'/m, m, 2m)`` batched scores; no loop over tokens or chunks.
+Shapes: ``q, k`` ``(B, H, n, d)``, ``v`` ``(B, H, n, e)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, e)``.
+Cost per round O(n log n) for the sort and O(n m d) for the ``(B, H, r, n'/m, m, 2m)`` batched scores; no loop
+over tokens or chunks.
 Computed in at least float32 with autocast off (the 10⁵ self offset overflows float16).
 """
 

@@ -1,6 +1,6 @@
-"""LSH attention (``attention/reformer.py``) against reformer-pytorch's ``LSHAttention`` with the same rotations, against
-a plain dense form of the paper's equations (a softmax over the union of the rounds' targets), and its exact limit:
-one chunk holding every token is dense softmax over the other tokens."""
+"""LSH attention (``attention/reformer.py``) against reformer-pytorch's ``LSHAttention`` with the same rotations,
+against a plain dense form of the paper's equations (a softmax over the union of the rounds' targets), and its
+exact limit: one chunk holding every token is dense softmax over the other tokens."""
 
 import pytest
 import torch
