@@ -4,8 +4,10 @@ Shared QK (§2 "Shared-QK Transformer"): the keys are the queries, unit-normalis
 ``k`` argument is not read. Its projection ``k_proj`` (:class:`models.blocks.MultiHeadAttention`, kept so
 checkpoints move between variants) then gets an exactly zero gradient: q, k, v come from one GEMM over the
 three weights concatenated, so ``k_proj`` is in the graph (DDP with ``find_unused_parameters: false`` sees a
-gradient for it) and only AdamW's weight decay moves it. The other choice, dropping ``k_proj`` from the block,
-would change the checkpoint keys every other variant shares.
+gradient for it) and only weight decay moves it (0 in configs/optimizer/adamw.yaml). A LoRA-wrapped or hooked
+projection is called on its own: there ``k_proj``'s adapters get no gradient at all (DDP would need
+``find_unused_parameters``). The other choice, dropping ``k_proj`` from the block, would change the checkpoint
+keys every other variant shares.
 
 Hashing (§2 "Locality sensitive hashing"): a random rotation ``R`` ``(d, b/2)`` per round, ``h(x) =
 argmax([xR; −xR])`` over b = ``num_buckets`` buckets, on the queries (argmax is blind to the norm).
