@@ -196,3 +196,28 @@ def exact_float32_matmuls():
     torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.fixture
+def tensor_core_dots(monkeypatch):
+    """Under the interpreter, float32 ``tl.dot`` rounds as the GPU's units would for its ``input_precision``
+    (:func:`tests.triton_env.hardware_dot`); Triton's interpreter itself computes every float32 dot exactly, so
+    without this a kernel asking for TF32 passes tests its GPU form would fail. On CUDA the hardware does it."""
+    from tests.triton_env import INTERPRETER, hardware_dot
+
+    if not INTERPRETER:
+        yield
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    exact = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype != np.float32 or b.data.dtype != np.float32:
+            return exact(self, a, b, d, input_precision, max_num_imprecise_acc)
+        product = hardware_dot(a.data, b.data, input_precision.name)
+        return interpreter.TensorHandle(product.astype(d.data.dtype) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    yield

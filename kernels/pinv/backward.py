@@ -16,7 +16,7 @@ autograd does through the PyTorch form (``kernels/pinv/ops.py``): ``clamp_min`` 
 
     ∂A_ij += sign(a_ij) · (∂norm · r · [c_j = c] / #{c_j = c}  +  ∂norm · c · [r_i = r] / #{r_i = r})
 
-(the norm is not detached). Eleven ``tl.dot`` per step (three recomputing, eight of the chain rule),
+(the norm is not detached). Eleven IEEE float32 products per step (three recomputing, eight of the chain rule),
 O(n_iter · m³) per problem; one program per problem. Layouts as the forward; ``DZ, DA`` ``(P, m, m)``
 contiguous, ``DNORM`` ``(P,)``.
 """
@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 
 from kernels.pinv.forward import TINY, inner_term, load_square, mm, norms, square_offsets, start_norm, step_term
+
+PRECISION = tl.constexpr("ieee")  # the backward's products: 3xTF32 would spill its seven live tiles (module doc)
 
 
 @triton.jit
@@ -55,15 +57,15 @@ def _pinv_bwd(A, NORM, SAVED, DZ, DA, DNORM, M, N_ITER, BLOCK: tl.constexpr, HAS
             z = tl.trans(a) / norm
         # The chain rule above, ordered so that at most seven m × m tiles are live (W = 7I − AZ is never kept:
         # −∂inner Wᵀ = −7 ∂inner + ∂inner (AZ)ᵀ).
-        az = mm(a, z)
-        inner = inner_term(az, eye)
-        grad_step = mm(tl.trans(z), g)
-        g = mm(g, tl.trans(step_term(az, inner, eye)))
-        grad_az = -0.25 * mm(grad_step, tl.trans(inner))
-        grad_inner = -0.25 * mm(tl.trans(az), grad_step)
-        grad_az += mm(grad_inner, tl.trans(az)) + mm(tl.trans(az), grad_inner) - 7.0 * grad_inner
-        grad_a += mm(grad_az, tl.trans(z))
-        g += mm(tl.trans(a), grad_az)
+        az = mm(a, z, PRECISION)
+        inner = inner_term(az, eye, PRECISION)
+        grad_step = mm(tl.trans(z), g, PRECISION)
+        g = mm(g, tl.trans(step_term(az, inner, eye, PRECISION)), PRECISION)
+        grad_az = -0.25 * mm(grad_step, tl.trans(inner), PRECISION)
+        grad_inner = -0.25 * mm(tl.trans(az), grad_step, PRECISION)
+        grad_az += mm(grad_inner, tl.trans(az), PRECISION) + mm(tl.trans(az), grad_inner, PRECISION) - 7.0 * grad_inner
+        grad_a += mm(grad_az, tl.trans(z), PRECISION)
+        g += mm(tl.trans(a), grad_az, PRECISION)
     grad_a += tl.trans(g) / norm
     grad_norm = -tl.sum(tl.sum(g * tl.trans(a), 1), 0) / (norm * norm)
     if HAS_NORM:

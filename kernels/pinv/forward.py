@@ -8,9 +8,14 @@ columns past ``m`` zero)::
                                                 or one norm for every problem (global, passed in)
     AZ = A Z,  W = 7I − AZ,  inner = 15I − AZ W,  S = 3.25I − ¼ AZ inner,  Z ← Z S     n_iter times
 
-Four products per step (:func:`mm`: float32 ``tl.dot`` with ``input_precision="ieee"``; TF32's 10-bit mantissa
-would break the iteration's convergence), O(n_iter · m³) per problem. Zero padding is exact: the norms of the padded matrix
-are ``A``'s, and every iterate keeps zero rows and columns past ``m`` (``S`` is ``3.25 I`` there).
+Four products per step (:func:`mm`), O(n_iter · m³) per problem, float32 ``tl.dot`` in :data:`PRECISION`: 3xTF32,
+each product as three TF32 products of the operands' high and low parts on the tensor cores (~22 mantissa bits;
+within the float32 tolerances of ``tests/kernels/test_pinv_triton_kernels.py``, whose interpreter runs emulate it).
+Plain TF32's 10-bit mantissa stalls the iteration at ~1e-3; IEEE dots run on the FMA units, where each thread holds
+its operands' whole K extent in registers (the forward spilled at m = 64; :mod:`kernels.pinv.launch`). The backward
+(:mod:`kernels.pinv.backward`) keeps IEEE dots: in tensor-core dots its seven live tiles spill kilobytes. Zero
+padding is exact: the norms of the padded matrix are ``A``'s, and every iterate keeps zero rows and columns past
+``m`` (``S`` is ``3.25 I`` there).
 
 ``_pinv_fwd`` writes ``Z_{n_iter}`` and, when ``SAVE`` (autograd will need it), the step inputs
 ``Z_1 … Z_{n_iter−1}`` (``Z₀`` is recomputed from ``A``), what :mod:`kernels.pinv.backward` reads. The
@@ -26,6 +31,7 @@ import triton.language as tl
 
 # torch.finfo(torch.float32).tiny: the clamp of the norm product (kernels.pinv.ops.start_norm)
 TINY = tl.constexpr(1.1754943508222875e-38)
+PRECISION = tl.constexpr("tf32x3")  # the forward's products (module doc); lra.bench's time model reads it
 
 
 @triton.jit
@@ -48,16 +54,19 @@ def _mm_k32(a, b, acc):
 
 
 @triton.jit
-def mm(a, b):
-    """``a @ b`` in float32, IEEE (no TF32), as dots of K = 16: a float32 dot runs on the FMA units, where each
-    thread holds its operand rows and columns over the whole K in registers, so shorter K means fewer live
-    registers (at K = 64 and 32; K ≤ 64 here)."""
-    acc = tl.zeros([a.shape[0], b.shape[1]], tl.float32)
-    if a.shape[1] > 32:
-        a0, a1, b0, b1 = _split_k(a, b)
-        acc = _mm_k32(a1, b1, _mm_k32(a0, b0, acc))
+def mm(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` of float32 tiles, accumulated in float32. ``"ieee"``: dots of K = 16 on the FMA units, where each
+    thread holds its operand rows and columns over the whole K in registers, so shorter K means fewer live registers
+    (at K = 64 and 32; K ≤ 64 here). Otherwise one ``tl.dot`` of that ``input_precision`` on the tensor cores."""
+    if PRECISION == "ieee":
+        acc = tl.zeros([a.shape[0], b.shape[1]], tl.float32)
+        if a.shape[1] > 32:
+            a0, a1, b0, b1 = _split_k(a, b)
+            acc = _mm_k32(a1, b1, _mm_k32(a0, b0, acc))
+        else:
+            acc = _mm_k32(a, b, acc)
     else:
-        acc = _mm_k32(a, b, acc)
+        acc = tl.dot(a, b, input_precision=PRECISION)
     return acc
 
 
@@ -95,15 +104,15 @@ def start_norm(a, NORM, HAS_NORM: tl.constexpr):
 
 
 @triton.jit
-def inner_term(az, eye):
+def inner_term(az, eye, PRECISION: tl.constexpr):
     """``inner = 15I − AZ W`` with ``W = 7I − AZ`` (``W`` only lives inside this product)."""
-    return tl.where(eye, 15.0, 0.0) - mm(az, tl.where(eye, 7.0 - az, -az))
+    return tl.where(eye, 15.0, 0.0) - mm(az, tl.where(eye, 7.0 - az, -az), PRECISION)
 
 
 @triton.jit
-def step_term(az, inner, eye):
+def step_term(az, inner, eye, PRECISION: tl.constexpr):
     """``S = 3.25I − ¼ AZ inner``: one Newton–Schulz step is ``Z ← Z S``."""
-    return tl.where(eye, 3.25, 0.0) - 0.25 * mm(az, inner)
+    return tl.where(eye, 3.25, 0.0) - 0.25 * mm(az, inner, PRECISION)
 
 
 @triton.jit
@@ -119,6 +128,6 @@ def _pinv_fwd(A, NORM, Z, SAVED, M, N_ITER, BLOCK: tl.constexpr, HAS_NORM: tl.co
         if SAVE:
             if k > 0:
                 tl.store(saved + (k - 1) * size + square, z, mask=inside)
-        az = mm(a, z)
-        z = mm(z, step_term(az, inner_term(az, eye), eye))
+        az = mm(a, z, PRECISION)
+        z = mm(z, step_term(az, inner_term(az, eye, PRECISION), eye, PRECISION), PRECISION)
     tl.store(Z + pid * size + square, z, mask=inside)

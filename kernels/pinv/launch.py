@@ -3,16 +3,19 @@
 A program holds its whole ``m × m`` problem as ``BLOCK × BLOCK`` float32 register tiles, ``BLOCK =
 max(16, next_pow2(m))`` (``tl.dot`` needs every operand dimension ≥ 16). Registers, not shared memory, bound
 the size: the forward keeps four such tiles live (``A, Z, AZ``, ``inner`` or ``S``), the backward seven
-(also ``G``, ``∂A``, ``∂S`` or ``∂inner``, ``∂(AZ)``), and a float32 ``ieee`` dot runs on the FMA units, where
-Triton holds each thread's rows of the left operand and columns of the right one over the whole K dimension
-in registers (:func:`kernels.pinv.forward.mm` splits K into dots of 16 to bound that). A 128 × 128 tile is
-64 KiB, a quarter of an SM's 256 KiB register file: compiled for sm_80 at m = 128 the forward alone spills
-20,376 B per thread (8 warps), so the kernels stop at :data:`MAX_M` = 64 and larger problems run the PyTorch
-form (:func:`attention.pinv.iterative_pinv`). At m = 64 (8 warps) the forward spills 376 B per thread on sm_80
-(392 B on sm_90) and the backward 1,584 B (1,264 B); m ≤ 32 spills nothing (:data:`SPILL_FREE`, what
-``tests/kernels/test_pinv_triton.py`` compiles for sm_80 / sm_90). Each ``tl.dot`` stages both operands through shared memory (``2 · BLOCK² · 4`` bytes at
-most). :data:`WARPS` gives the warps per kernel and block size, measured as the fewest spills; no loop loads
-are pipelined (``num_stages = 1``).
+(also ``G``, ``∂A``, ``∂S`` or ``∂inner``, ``∂(AZ)``). The forward's products are 3xTF32 tensor-core dots
+(:data:`kernels.pinv.forward.PRECISION`); the backward's are IEEE float32 dots on the FMA units, where Triton holds
+each thread's rows of the left operand and columns of the right one over the whole K dimension in registers
+(:func:`kernels.pinv.forward.mm` splits K into dots of 16 to bound that). A 128 × 128 tile is 64 KiB, a quarter of
+an SM's 256 KiB register file, so the kernels stop at :data:`MAX_M` = 64 and larger problems run the PyTorch form
+(:func:`attention.pinv.iterative_pinv`). At m = 64 (8 warps) the forward spills nothing on sm_90 and 256 B per
+thread on sm_80 (in IEEE dots it spilled 392 B / 376 B), the backward 1,264 B on sm_90 (1,584 B on sm_80); the
+backward in tensor-core dots spills more (3xTF32: 2.4–3.1 KB on sm_90 at 4–16 warps; TF32: 0.9–2.0 KB), so it keeps
+IEEE dots until it is split into kernels of fewer live tiles (docs/bench.md, "plan --predict"). m ≤ 32 spills
+nothing (:data:`SPILL_FREE`, what ``tests/kernels/test_pinv_triton.py`` compiles for sm_80 / sm_90). Each
+``tl.dot`` stages its operands through shared memory (the forward at m = 64: 64 KiB on sm_80, 96 KiB on sm_90; the
+backward 48 KiB). :data:`WARPS` gives the warps per kernel and block size, measured as the fewest spills; no loop
+loads are pipelined (``num_stages = 1``).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ compile of our Triton kernels, :data:`ATEN_OCCUPANCY` for ATen's), ``waves = ⌈
 
 (``FLOPs_wave``, ``bytes_wave``: what ``min(P, SMs · k)`` programs do; a last wave, however empty, takes a full one's time.)
 
-``peak_unit``: the tensor cores' in bf16 (TF32 for float32 dots that ask for it), the FMA units' for float32 (IEEE
-``tl.dot``, float32 cuBLAS without TF32, softmaxes, reductions, pointwise). ``active``: the share of SMs a wave
+``peak_unit`` (:data:`UNIT_PEAK`): the tensor cores' in bf16, in TF32 for float32 dots that ask for it and a third of
+that for 3xTF32 dots (three TF32 products each), the FMA units' for float32 (IEEE ``tl.dot``, float32 cuBLAS without
+TF32, softmaxes, reductions, pointwise). ``active``: the share of SMs a wave
 occupies (``min(P, SMs) / SMs``); ``hidden = min(1, resident warps per SM / LATENCY_WARPS)``: an SM with few warps
 cannot hide its latencies; ``drawn = min(1, SM_BANDWIDTH_SHARE · active)``: a few SMs cannot draw the whole HBM
 bandwidth. Bytes: every tensor argument read or written once. A Triton kernel that spills registers (its AOT
@@ -139,22 +140,32 @@ def _bytes(tensors) -> float:
 # FLOPs of our Triton kernels in units of B·H·n·m·d (the products each program forms; docs/flashcur.md)
 FLASHCUR_FLOPS = {"_rv_fwd": 4, "_out_fwd": 4, "_rv_bwd_kv": 8, "_rv_bwd_q": 6, "_out_bwd_q": 8, "_out_bwd_kw": 8}
 PINV_PRODUCTS = {"_pinv_fwd": 4, "_pinv_bwd": 11}  # BLOCK³ products per Newton–Schulz step (kernels/pinv/)
+# the peak a dot's unit reaches: "tensor" (bf16/fp16 operands), TF32, 3xTF32 (three TF32 products per product), "fp32"
+# (IEEE float32 dots on the FMA units, and everything that is not a product)
+UNIT_PEAK = {"tensor": lambda gpu: gpu.bf16, "tf32": lambda gpu: gpu.tf32, "tf32x3": lambda gpu: gpu.tf32 / 3,
+             "fp32": lambda gpu: gpu.fp32}
 
 
-def triton_flops(kernel, shape) -> tuple[float, bool]:
-    """``(FLOPs, on tensor cores)`` of a recorded Triton launch for ``shape = (B, H, n, m, d)``."""
+def triton_flops(kernel, shape) -> tuple[float, str]:
+    """``(FLOPs, unit)`` of a recorded Triton launch for ``shape = (B, H, n, m, d)`` (``unit``: a key of
+    :data:`UNIT_PEAK`)."""
     batch, heads, n, m, d = shape
     name, launch = kernel.kernel.split(":")[-1], kernel.launch
     constexprs = launch.config.constexprs if launch is not None and launch.config is not None else {}
-    tensor_cores = not constexprs.get("F32_DOT", True) or constexprs.get("PRECISION") == "tf32"
-    if name in FLASHCUR_FLOPS:
-        return FLASHCUR_FLOPS[name] * batch * heads * n * m * d, tensor_cores
-    if name == "_u_fwd":
-        return 4 * batch * heads * m * m * d, tensor_cores
-    if name in PINV_PRODUCTS:  # IEEE float32 tl.dot: FMA units
+    if name in PINV_PRODUCTS:  # float32 dots in the kernel's module's PRECISION (kernels/pinv/)
+        from kernels.pinv import backward, forward
+
         block = constexprs.get("BLOCK", m)
-        return 2 * block ** 3 * PINV_PRODUCTS[name] * kernel.trips * kernel.programs, False
-    return 0.0, False  # segment means and the like: bytes only
+        precision = (forward if name == "_pinv_fwd" else backward).PRECISION.value
+        unit = {"ieee": "fp32", "tf32": "tf32", "tf32x3": "tf32x3"}[precision]
+        return 2 * block ** 3 * PINV_PRODUCTS[name] * kernel.trips * kernel.programs, unit
+    tensor_cores = not constexprs.get("F32_DOT", True) or constexprs.get("PRECISION") == "tf32"
+    unit = ("tf32" if constexprs.get("F32_DOT") else "tensor") if tensor_cores else "fp32"
+    if name in FLASHCUR_FLOPS:
+        return FLASHCUR_FLOPS[name] * batch * heads * n * m * d, unit
+    if name == "_u_fwd":
+        return 4 * batch * heads * m * m * d, unit
+    return 0.0, "fp32"  # segment means and the like: bytes only
 
 
 def predict(kernel, shape, gpu: Gpu, aot: bool = True) -> Prediction:
@@ -172,20 +183,19 @@ def predict(kernel, shape, gpu: Gpu, aot: bool = True) -> Prediction:
         waves = math.ceil(kernel.programs / (gpu.sms * per_sm))
         return Prediction(flops, bytes_, "attention", per_sm, "assumed (flash attention)", waves, seconds, "elements")
     if kernel.launch is not None:
-        flops, tensor_cores = triton_flops(kernel, shape)
+        flops, unit = triton_flops(kernel, shape)
         per_sm, warps, source, spilled = occupancy(kernel.launch, gpu) if aot else (
             1, kernel.launch.config.num_warps, "not compiled: 1 a SM", 0)
     elif packet in GEMMS:
         flops = 2.0 * kernel.work
-        tensor_cores = all(dtype in (torch.bfloat16, torch.float16) for _, dtype in kernel.tensors[:2])
+        unit = "tensor" if all(dtype in (torch.bfloat16, torch.float16) for _, dtype in kernel.tensors[:2]) else "fp32"
         per_sm, warps = ATEN_OCCUPANCY["gemm"]
         source = "assumed (cuBLAS 128 × 128 tiles)"
     else:
-        flops, tensor_cores = float(kernel.work), False
+        flops, unit = float(kernel.work), "fp32"
         per_sm, warps = ATEN_OCCUPANCY["other"]
         source = "assumed (ATen, 128 threads a block)"
-    unit = "tensor" if tensor_cores else "fp32"
-    peak = gpu.bf16 if tensor_cores else gpu.fp32
+    peak = UNIT_PEAK[unit](gpu)
     slowdown = SPILL_SLOWDOWN if kernel.launch is not None and spilled else 1.0
     seconds, waves, bound = _roofline(flops, bytes_, peak, kernel.programs, per_sm, warps, gpu, slowdown)
     return Prediction(flops, bytes_, unit, per_sm, source, waves, seconds, bound)

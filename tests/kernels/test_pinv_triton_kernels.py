@@ -22,7 +22,7 @@ from kernels.pinv.ops import fused_pinv, pinv_forward, start_norm
 from tests.triton_env import DEVICE, needs_kernels
 
 pytestmark = [needs_kernels("test_pinv_triton.py::test_kernels_under_the_interpreter"),
-              pytest.mark.usefixtures("exact_float32_matmuls")]
+              pytest.mark.usefixtures("exact_float32_matmuls", "tensor_core_dots")]
 UNIT = 2.0**-24  # float32 unit roundoff
 # full 16 × 16, 32 × 32 and 64 × 64 tiles (products as one, two and four dots of K = 16), zero-padded ones (7, 20)
 SIZES = (16, 7, 20, 32, 64)
