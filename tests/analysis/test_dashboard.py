@@ -98,7 +98,9 @@ def test_positions_say_how_the_model_is_given_token_order(overrides, positions):
 
 
 @pytest.mark.parametrize(("fault", "status", "returncode"), [
-    pytest.param("SIGTERM", "interrupted", SIGTERM_EXIT_CODE, marks=pytest.mark.process), ("ENOSPC", "failed", 1)])
+    # SIGTERM: slow (a process of its own, ~40 s); the summary path is ENOSPC's, an interruption's record lra.runtime's tests'
+    pytest.param("SIGTERM", "interrupted", SIGTERM_EXIT_CODE, marks=[pytest.mark.process, pytest.mark.slow]),
+    ("ENOSPC", "failed", 1)])
 def test_failed_and_interrupted_runs_have_their_record_in_the_summary(data, tmp_path, fault, status, returncode):
     run_dir = tmp_path / "run"
     proc = train(data, run_dir, FAULTS, env={f"LRA_FAULT_{fault}_AT": "3"})

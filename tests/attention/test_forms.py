@@ -101,6 +101,7 @@ def test_every_form_matches_the_pytorch_form_in_float64(variant, form):
 
 
 @pytest.mark.process
+@pytest.mark.slow  # each Triton form is checked against its reference under the interpreter by its kernel's tests
 def test_triton_forms_under_the_interpreter():
     """The Triton forms (``triton`` rows) against the same reference, on CPU tensors under ``TRITON_INTERPRET=1``."""
     triton = [case for case in cases() if case.values[1] == "triton"]

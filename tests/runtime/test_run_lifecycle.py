@@ -161,7 +161,7 @@ def test_sigterm_interrupts_a_sweep_and_a_rerun_finishes_only_what_is_unfinished
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])  # one handler
 def test_a_stop_before_training_starts_is_an_interruption(tiny_listops_overrides, tmp_path, signum):
     """SIGTERM or Ctrl-C while the run is set up (outside Lightning's handler) is recorded as an interruption too."""
     proc = start(["-m", "lra.train", *tiny_listops_overrides, f"hydra.run.dir={tmp_path}"])
