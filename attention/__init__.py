@@ -27,6 +27,12 @@ Variants
     ``local``         LRA's local attention: softmax within non-overlapping blocks
     ``sparse_transformer``  Sparse Transformer's fixed / strided patterns (as LRA: a mask on dense softmax)
     ``orthoformer``   Orthoformer: greedily most-orthogonal query landmarks, ``softmax(Q Lᵀ) softmax(L Kᵀ) V``
+    ``reformer``      Reformer: LSH attention with shared QK, bucket-sorted chunks over n_hashes rounds
+    ``bigbird``       BigBird: block-sparse softmax over a 3-block window, 2 global blocks and r random blocks
+    ``luna``          Luna's pack and unpack per head (its layers, which carry the sequence P: :mod:`models.luna`)
+    ``set_transformer``  Set Transformer's ISAB: learned inducing points summarise the keys/values, the queries
+                      attend to them
+    ``dba``           DBA: dynamic low-rank compression n -> r, attention in a reduced hidden size, spread back
 
 Shared parts of the maths
     ``scores``        score functions (softmax, L1) that the approximations take
