@@ -22,11 +22,12 @@ train: setup
 
 # pytest exits 5 when it collected no test: treat that as the failure it is. --durations lists the slowest
 # tests, which keep the default suite inside its 12-minute budget on 2 cores (mark longer ones slow); the last
-# line gives the time the suite took and the machine. Two pytest-xdist workers of one thread each, a test file per
-# worker at a time (--dist loadfile: a file's module fixtures are made once); half the suite's time is processes and
-# compilers waiting on one core. A test must not depend on another's leftovers (state in the process, files).
+# line gives the time the suite took and the machine. Two pytest-xdist workers of one thread each (--dist worksteal:
+# each starts on its half of the collected tests, in file order, so a file's module fixtures are mostly made once, and
+# takes tests from the other's queue when its own runs out, so neither idles at the end); half the suite's time is
+# processes and compilers waiting on one core. A test must not depend on another's leftovers (state in the process, files).
 test: setup
-	start=$$(date +%s); OMP_NUM_THREADS=1 $(PYTHON) -m pytest -m "not slow" -n 2 --dist loadfile --durations=15; rc=$$?; \
+	start=$$(date +%s); OMP_NUM_THREADS=1 $(PYTHON) -m pytest -m "not slow" -n 2 --dist worksteal --durations=15; rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s on $$(nproc) cores of $$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //' || uname -m)"; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 

@@ -66,6 +66,7 @@ def check_commands(bash: str) -> list[list[str]]:
 
 
 @pytest.mark.process
+@pytest.mark.slow  # ~50 s: three processes in a copy of the tree (make test-slow runs it)
 def test_the_variant_recipe_runs_end_to_end(tmp_path):
     blocks = recipe_blocks()
     module, test = blocks["python"][0], blocks["python"][1]

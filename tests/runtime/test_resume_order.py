@@ -219,7 +219,8 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(train_run, tmp_pat
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("how", ["mv", "cp -r"])
+# mv: slow, the same resume as cp -r's (which also leaves the original in place)
+@pytest.mark.parametrize("how", [pytest.param("mv", marks=pytest.mark.slow), "cp -r"])
 def test_a_moved_run_dir_resumes_its_own_checkpoints(train_run, tmp_path, how):
     """Ctrl-C after step 7 (past the validation of step 6), move the run dir (``mv``) or copy it without its file
     times (``cp -r``), resume into the new one: the best score and checkpoint carry over (Lightning stores them as
