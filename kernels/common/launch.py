@@ -70,10 +70,17 @@ def interpreted() -> bool:
     return not isinstance(mm, triton.runtime.jit.JITFunction)
 
 
-def dot_constexprs(dtype: torch.dtype, tf32: bool) -> dict:
+def runs_interpreted(device: torch.device) -> bool:
+    """Whether a launch on ``device`` runs in the interpreter: CPU tensors under ``TRITON_INTERPRET=1``. A ``meta``
+    launch (``python -m lra.bench plan``) is planned as a GPU runs it, interpreter or not."""
+    return interpreted() and device.type == "cpu"
+
+
+def dot_constexprs(dtype: torch.dtype, tf32: bool, interpreter: bool = False) -> dict:
     """``F32_DOT`` and ``PRECISION`` of :func:`mm` for inputs of ``dtype``: float32 operands for float32
-    inputs and under the interpreter (it computes bf16 dots wrongly); TF32 only when asked, never interpreted."""
-    return {"F32_DOT": dtype == torch.float32 or interpreted(), "PRECISION": "tf32" if tf32 and not interpreted() else "ieee"}
+    inputs and in the interpreter (``interpreter``: it computes bf16 dots wrongly); TF32 only when asked, never
+    interpreted."""
+    return {"F32_DOT": dtype == torch.float32 or interpreter, "PRECISION": "tf32" if tf32 and not interpreter else "ieee"}
 
 
 def pointer_types(kinds: dict[str, str], dtype: torch.dtype) -> dict[str, str]:

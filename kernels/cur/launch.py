@@ -256,7 +256,8 @@ def shared_memory_estimate(kernel: str, sizes: dict[str, int], num_stages: int, 
 
 
 @functools.lru_cache(maxsize=None)
-def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False) -> LaunchConfig:
+def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False,
+                  interpreter: bool = False) -> LaunchConfig:
     """Every compile-time parameter of launching ``kernel`` on ``n`` tokens, ``m`` slots, head_dim ``d``
     (memoised per shape: a launch does not re-derive it; the returned config is shared, never mutate it).
 
@@ -265,11 +266,12 @@ def launch_config(kernel: str, n: int, m: int, d: int, dtype: torch.dtype, capab
     stages) whose shared-memory estimate (:func:`shared_memory_estimate`) is within
     ``sm_<capability>``'s limit less :data:`MARGIN`. ``tests/kernels/test_aot_compile.py`` compiles the result
     for sm_80 and sm_90 and checks shared memory and spills. Raises ``ValueError`` naming
-    ``attention.num_landmarks`` and the head dim when nothing fits.
+    ``attention.num_landmarks`` and the head dim when nothing fits. ``interpreter``: the launch runs in Triton's
+    interpreter (float32 dots, :func:`kernels.common.launch.dot_constexprs`).
     """
     fn = kernel_function(kernel)
     sizes = block_sizes(n, m, d)
-    dots = common.dot_constexprs(dtype, tf32)
+    dots = common.dot_constexprs(dtype, tf32, interpreter)
     limit = common.shared_memory_limit(capability) - MARGIN
     for block_n, block_m, warps, stages in _candidates(kernel, sizes, m, operands(dtype, tf32)):
         tried = {**sizes, "BLOCK_N": block_n, "BLOCK_M": block_m, "M": m}
@@ -317,7 +319,8 @@ def _is_constexpr(fn, name: str) -> bool:
 def config(kernel: str, n: int, m: int, d: int, like: torch.Tensor) -> LaunchConfig:
     """:func:`launch_config` for inputs like ``like`` on its device (TF32 as torch allows)."""
     capability = common.device_capability(like.device)
-    return launch_config(kernel, n, m, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32)
+    return launch_config(kernel, n, m, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32,
+                         interpreter=common.runs_interpreted(like.device))
 
 
 def launch(kernel: str, grid, config: LaunchConfig, *args, loop: tuple[str, int]) -> None:

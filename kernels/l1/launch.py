@@ -100,7 +100,8 @@ def tiles(kernel: str, block_d: int, dtype: torch.dtype, capability: int, tf32: 
     return 64, 32 if hopper and block_d <= 64 else 16, 4, block_d if hopper or block_d <= 32 else block_d // 2
 
 
-def launch_config(kernel: str, n: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False) -> LaunchConfig:
+def launch_config(kernel: str, n: int, d: int, dtype: torch.dtype, capability: int, tf32: bool = False,
+                  interpreter: bool = False) -> LaunchConfig:
     """Every compile-time parameter of launching ``kernel`` on ``n`` tokens of head_dim ``d`` on ``sm_<capability>``.
 
     Tiles and warps from :func:`tiles`, both row tiles at most ``max(16, next_pow2(n))`` (and the warps
@@ -114,7 +115,7 @@ def launch_config(kernel: str, n: int, d: int, dtype: torch.dtype, capability: i
     fit = max(MIN_DOT, triton.next_power_of_2(n))
     own, loop, warps, block_do = tiles(kernel, block_d, dtype, capability, tf32 and dtype == torch.float32)
     own, loop = min(own, fit), min(loop, fit)
-    dots = common.dot_constexprs(dtype, tf32)
+    dots = common.dot_constexprs(dtype, tf32, interpreter)  # interpreter: float32 dots
     limit = common.shared_memory_limit(capability) - MARGIN
     stages = 3 if capability >= 90 else 2
     while True:
@@ -134,7 +135,8 @@ def launch_config(kernel: str, n: int, d: int, dtype: torch.dtype, capability: i
 def config(kernel: str, n: int, d: int, like: torch.Tensor) -> LaunchConfig:
     """:func:`launch_config` for inputs like ``like`` on their device (TF32 as torch allows; CPU counts as sm_80)."""
     capability = common.device_capability(like.device)
-    return launch_config(kernel, n, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32)
+    return launch_config(kernel, n, d, like.dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32,
+                         interpreter=common.runs_interpreted(like.device))
 
 
 def kernel_function(kernel: str):

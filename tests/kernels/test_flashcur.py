@@ -244,3 +244,16 @@ def test_flop_counter_sees_the_kernels():
     cur, cur_by_op = count_flops(CURAttention, "meta", batch, heads, n, d, m)
     print(f"CUR (fused PyTorch path) {cur / 1e9:.3f} GFLOP by op {cur_by_op}; FlashCUR / CUR = {flash / cur:.2f}")
     assert 1 <= flash / cur <= 1.5
+
+
+def test_a_planned_launch_gets_the_gpus_dots_even_under_the_interpreter(monkeypatch):
+    """With ``TRITON_INTERPRET=1`` (how ``lra.bench plan --predict`` runs on a machine without a GPU) a launch on CPU
+    tensors runs in the interpreter, in float32 dots; one on ``meta`` tensors is planned as a GPU runs it: bf16
+    tensor-core dots. Planned with the interpreter's dots, FlashCUR's ``_rv_fwd`` compiled for sm_90 spilled and was
+    predicted 0.94 ms slower at n 4096, B 8 (docs/bench.md)."""
+    import kernels.common.launch as common_launch
+
+    monkeypatch.setattr(common_launch, "interpreted", lambda: True)
+    for device, float32_dots in (("cpu", True), ("meta", False)):
+        like = torch.empty(1, device=device, dtype=torch.bfloat16)
+        assert kernel_launch.config("_rv_fwd", 4096, 64, 32, like).constexprs["F32_DOT"] is float32_dots, device
