@@ -159,8 +159,10 @@ def triton_flops(kernel, shape) -> tuple[float, str]:
         precision = (forward if name == "_pinv_fwd" else backward).PRECISION.value
         unit = {"ieee": "fp32", "tf32": "tf32", "tf32x3": "tf32x3"}[precision]
         return 2 * block ** 3 * PINV_PRODUCTS[name] * kernel.trips * kernel.programs, unit
-    tensor_cores = not constexprs.get("F32_DOT", True) or constexprs.get("PRECISION") == "tf32"
-    unit = ("tf32" if constexprs.get("F32_DOT") else "tensor") if tensor_cores else "fp32"
+    if constexprs.get("F32_DOT", True):  # float32 operands: TF32 tensor-core dots if asked, else the FMA units
+        unit = "tf32" if constexprs.get("PRECISION") == "tf32" else "fp32"
+    else:
+        unit = "tensor"
     if name in FLASHCUR_FLOPS:
         return FLASHCUR_FLOPS[name] * batch * heads * n * m * d, unit
     if name == "_u_fwd":
