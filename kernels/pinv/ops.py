@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from kernels.common.launch import interpreted, planning
+from kernels.common.launch import planning, runs_interpreted
 from kernels.common.precision import autocast_off
 from kernels.pinv import cpu as cpu_pinv
 from kernels.pinv import launch
@@ -52,7 +52,7 @@ Tensor = torch.Tensor
 def _check_device(a: Tensor) -> None:
     """The kernels run on CUDA tensors, on CPU tensors under the Triton interpreter, and on ``meta`` tensors while a
     launch plan records them (:func:`kernels.common.launch.recording`)."""
-    if a.is_cuda or planning(a) or (a.device.type == "cpu" and interpreted()):
+    if a.is_cuda or planning(a) or runs_interpreted(a.device):
         return
     hint = (
         "kernels.pinv was imported without TRITON_INTERPRET=1: set it in the environment before starting Python"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from kernels.common.launch import interpreted
+from kernels.common.launch import runs_interpreted
 from kernels.segment_means import launch
 
 Tensor = torch.Tensor
@@ -87,7 +87,7 @@ def _(*args, out_shape=None, **kwargs) -> int:
 def kernels_run(x: Tensor) -> bool:
     """Whether the kernels can run on ``x``'s device: CUDA, ``meta`` (their fake implementations), or CPU tensors under
     the Triton interpreter."""
-    return x.is_cuda or x.device.type == "meta" or (x.device.type == "cpu" and interpreted())
+    return x.is_cuda or x.device.type == "meta" or runs_interpreted(x.device)
 
 
 def takes(q: Tensor, k: Tensor, m: int) -> bool:
