@@ -22,7 +22,12 @@ dtype and threads (``flops_utilisation`` = their ratio), so the distance to the 
 Peak memory is CUDA ``max_memory_allocated`` on GPU; on CPU, bytes saved for backward + parameters,
 gradients and AdamW state (the process's peak RSS is reported beside it, ``RSS ↓``). A variant
 whose process fails (e.g. FlashCUR without CUDA, out of memory, ``--timeout``) is listed as
-skipped with the reason. Writes ``train.csv`` and ``train.png`` under ``--out``.
+skipped with the reason. Writes ``train.csv`` and ``train.png`` under ``--out``. ``--layers`` sets
+``model.num_layers`` (every encoder config has it: ours, Luna's, Proxyformer's, MEGA's).
+
+``--inference`` is Proxyformer's Table 2 instead (:mod:`lra.bench.inference`): 6 layers, n 2048 and 4096 by
+default, inference only (no optimizer, no training step), memory per sequence and throughput against the
+Transformer, in that paper's format; writes ``inference.csv``.
 """
 
 from __future__ import annotations
@@ -36,14 +41,14 @@ import tempfile
 from pathlib import Path
 
 from lra import REPO_ROOT
-from lra.bench import common
+from lra.bench import common, inference
 
 COLUMNS = [
     "task", "variant", "compiled", "n", "batch", "steps", "device", "dtype", "threads", "status", "reason",
     "train_samples_per_s", "speed_vs_transformer", "mem_vs_transformer", "speed_ratio", "compile_speedup",
     "peak_mem_bytes", "mem_ratio", "infer_samples_per_s",
     "infer_ratio", "saved_bytes", "state_bytes", "rss_peak_bytes", "rss_delta_bytes", "rss_ratio", "train_step_s",
-    "first_step_s", "train_flops", "train_flops_per_s", "matmul_flops_per_s", "flops_utilisation", "params",
+    "first_step_s", "train_flops", "train_flops_per_s", "matmul_flops_per_s", "flops_utilisation", "params", "layers",
     *[column for column in common.MACHINE_COLUMNS if column != "threads"],
 ]
 COMPILED_SUFFIX = "+compile"  # the label of a variant's compiled row (--compile)
@@ -52,6 +57,7 @@ RATIOS = {  # against SDPA softmax (the papers' "FlashAttention")
     "infer_ratio": ("infer_samples_per_s", False), "rss_ratio": ("rss_delta_bytes", False),
 }
 TRANSFORMER_RATIOS = {"speed_vs_transformer": ("train_samples_per_s", False), "mem_vs_transformer": ("peak_mem_bytes", False)}
+LENGTHS = [1024, 2048, 4096]  # --n without --inference
 
 
 def reference(name: str):
@@ -61,23 +67,31 @@ def reference(name: str):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="text", help="a configs/task/*.yaml name (sets vocab, classes, head)")
-    parser.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096], help="sequence lengths (task.max_length)")
+    parser.add_argument("--n", type=int, nargs="+", default=None,
+                        help=f"sequence lengths (task.max_length; default {' '.join(map(str, LENGTHS))}, with --inference "
+                             f"{' '.join(map(str, inference.LENGTHS))})")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20, help="timed training steps (and inference forwards)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per (variant, n) before it is skipped")
     parser.add_argument("--compile", action="store_true",
                         help="also time every variant compiled (model.compile=true): rows <variant>+compile")
+    parser.add_argument("--layers", type=int, default=None,
+                        help=f"model.num_layers (default: the model config's, with --inference {inference.LAYERS})")
+    parser.add_argument("--inference", action="store_true",
+                        help="Proxyformer Table 2: inference only, memory per sequence and throughput × the Transformer "
+                             "(lra.bench.inference)")
 
 
-def run_worker(spec: dict, timeout: float) -> dict:
-    """Run :mod:`lra.bench.train_worker` on ``spec`` in a fresh Python; its result, or a skipped status."""
+def run_worker(spec: dict, timeout: float, module: str = "lra.bench.train_worker") -> dict:
+    """Run ``module`` (:mod:`lra.bench.train_worker`, or :mod:`lra.bench.inference`) on ``spec`` in a fresh Python;
+    its result, or a skipped status."""
     with tempfile.TemporaryDirectory(prefix="lra-bench-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps({**spec, "result": str(result_path)}))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
         try:
-            proc = subprocess.run([sys.executable, "-m", "lra.bench.train_worker", str(spec_path)], check=False,
+            proc = subprocess.run([sys.executable, "-m", module, str(spec_path)], check=False,
                                   cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"status": "skipped", "reason": f"over --timeout {timeout:g} s"}
@@ -91,6 +105,14 @@ def run_worker(spec: dict, timeout: float) -> dict:
 
 def run(args: argparse.Namespace) -> list[dict]:
     """Measure every (variant, n) in its own process, add ratios, write CSV + PNG, print tables; returns the rows."""
+    if args.inference and args.compile:
+        raise ValueError("--compile with --inference: the inference mode times the eager model only; drop one of them")
+    if args.layers is not None and args.layers < 1:
+        raise ValueError(f"--layers must be >= 1, got {args.layers}")
+    lengths = sorted(args.n or (inference.LENGTHS if args.inference else LENGTHS))
+    if min(lengths) < 1:
+        raise ValueError(f"--n must be >= 1, got {lengths}")
+    layers = args.layers or (inference.LAYERS if args.inference else None)
     device = common.resolve_device(args.device)
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
@@ -99,21 +121,26 @@ def run(args: argparse.Namespace) -> list[dict]:
     print(f"[bench] {common.machine_line(where)}", flush=True)
     setting = {"task": args.task, "batch": args.batch, "steps": args.steps, "device": str(device), "dtype": args.dtype,
                **where}
-    matmul = common.matmul_flops_per_s(device, args.dtype)
-    print(f"[bench] a 2048² matrix product: {matmul / 1e9:.1f} GFLOP/s", flush=True)
+    if not args.inference:
+        matmul = common.matmul_flops_per_s(device, args.dtype)
+        print(f"[bench] a 2048² matrix product: {matmul / 1e9:.1f} GFLOP/s", flush=True)
     rows = []
-    for n in sorted(args.n):
+    for n in lengths:
         for variant in variants:
             for compiled in (False, True) if args.compile else (False,):
                 overrides = [f"task={args.task}", f"task.max_length={n}", *variant.config_overrides(),
-                             *(["model.compile=true"] if compiled else [])]
+                             *(["model.compile=true"] if compiled else []),
+                             *([f"model.num_layers={layers}"] if layers else [])]
                 spec = {"overrides": overrides, "n": n, "batch": args.batch, "steps": args.steps,
                         "warmup": args.warmup, "device": str(device), "dtype": args.dtype, "threads": threads}
                 label = variant.label + COMPILED_SUFFIX * compiled
-                row = {"variant": label, "compiled": compiled, "n": n, **setting, "matmul_flops_per_s": matmul,
-                       **run_worker(spec, args.timeout)}
+                row = {"variant": label, "compiled": compiled, "n": n, **setting,
+                       **({} if args.inference else {"matmul_flops_per_s": matmul}),
+                       **run_worker(spec, args.timeout, "lra.bench.inference" if args.inference else "lra.bench.train_worker")}
                 print(f"n={n} {label}: {row['status']} {row.get('reason', '')}", flush=True)
                 rows.append(row)
+    if args.inference:
+        return inference.report(rows, out, where, lengths, layers)
     ok = [row for row in rows if row["status"] == "ok"]
     common.add_ratios(ok, ("n", "compiled"), reference(common.BASELINE), RATIOS)
     common.add_ratios(ok, ("n", "compiled"), reference(common.MATERIALISED), TRANSFORMER_RATIOS)
@@ -124,7 +151,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     if ok:
         plot(ok, out / "train.png", common.machine_line(where))
     memory = "peak CUDA memory" if device.type == "cuda" else "saved-for-backward + params/grads/AdamW"
-    for n in sorted(args.n):
+    for n in lengths:
         print(f"\n{args.task}, n = {n}, batch {args.batch}, {device} {args.dtype} (peak memory: {memory})")
         print(common.format_table([row for row in rows if row["n"] == n], [
             ("variant", "Model", str), ("speed_vs_transformer", "Speed ↑ vs Transformer", common.times),

@@ -159,6 +159,7 @@ def measure(spec: dict) -> dict:
         "rss_peak_bytes": rss_peak,
         "rss_delta_bytes": rss_peak - rss_start if rss_peak is not None and rss_start is not None else None,
         "params": sum(p.numel() for p in params),
+        "layers": len(model.blocks),
     }
 
 
