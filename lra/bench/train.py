@@ -23,7 +23,9 @@ Peak memory is CUDA ``max_memory_allocated`` on GPU; on CPU, bytes saved for bac
 gradients and AdamW state (the process's peak RSS is reported beside it, ``RSS ↓``). A variant
 whose process fails (e.g. FlashCUR without CUDA, out of memory, ``--timeout``) is listed as
 skipped with the reason. Writes ``train.csv`` and ``train.png`` under ``--out``. ``--layers`` sets
-``model.num_layers`` (every encoder config has it: ours, Luna's, Proxyformer's, MEGA's).
+``model.num_layers`` (every encoder config has it: ours, Luna's, Proxyformer's, MEGA's); ``--experiment NAME``
+composes every row with ``experiment=NAME``, so each variant takes that table's own settings
+(``configs/experiment_rows/NAME/<variant>.yaml``, e.g. Performer-128 and Luna-128 for ``proxyformer_table1``).
 
 ``--inference`` is Proxyformer's Table 2 instead (:mod:`lra.bench.inference`): 6 layers, n 2048 and 4096 by
 default, inference only (no optimizer, no training step), memory per sequence and throughput against the
@@ -41,6 +43,7 @@ import tempfile
 from pathlib import Path
 
 from lra import REPO_ROOT
+from lra.config import CONFIG_DIR
 from lra.bench import common, inference
 
 COLUMNS = [
@@ -78,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time every variant compiled (model.compile=true): rows <variant>+compile")
     parser.add_argument("--layers", type=int, default=None,
                         help=f"model.num_layers (default: the model config's, with --inference {inference.LAYERS})")
+    parser.add_argument("--experiment", default=None,
+                        help="a configs/experiment/*.yaml name composed into every row (its per-row settings, "
+                             "configs/experiment_rows/<name>/<variant>.yaml), e.g. proxyformer_table1")
     parser.add_argument("--inference", action="store_true",
                         help="Proxyformer Table 2: inference only, memory per sequence and throughput × the Transformer "
                              "(lra.bench.inference)")
@@ -113,6 +119,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     if min(lengths) < 1:
         raise ValueError(f"--n must be >= 1, got {lengths}")
     layers = args.layers or (inference.LAYERS if args.inference else None)
+    if args.experiment is not None and not (CONFIG_DIR / "experiment" / f"{args.experiment}.yaml").is_file():
+        known = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
+        raise ValueError(f"--experiment {args.experiment}: no configs/experiment/{args.experiment}.yaml; available: {known}")
     device = common.resolve_device(args.device)
     out = Path(args.out) if args.out else common.default_out_dir()
     variants = common.select_variants(args.variants, args.variant_overrides)
@@ -128,7 +137,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     for n in lengths:
         for variant in variants:
             for compiled in (False, True) if args.compile else (False,):
-                overrides = [f"task={args.task}", f"task.max_length={n}", *variant.config_overrides(),
+                overrides = [f"task={args.task}", f"task.max_length={n}",
+                             *([f"experiment={args.experiment}"] if args.experiment else []), *variant.config_overrides(),
                              *(["model.compile=true"] if compiled else []),
                              *([f"model.num_layers={layers}"] if layers else [])]
                 spec = {"overrides": overrides, "n": n, "batch": args.batch, "steps": args.steps,

@@ -90,7 +90,12 @@ def test_bench_train_inference_tiny(tmp_path, capsys):
     assert f"{float(sdpa['mem_vs_transformer']):.2f}" in printed.split(f"\n{common.BASELINE} ")[1].split("\n")[0]
 
 
-def test_inference_refuses_compile(tmp_path):
-    with pytest.raises(ValueError, match="--compile with --inference"):
-        main(["train", "--inference", "--compile", "--device", "cpu", "--out", str(tmp_path / "x")])
+@pytest.mark.parametrize("flags, message", [
+    (["--inference", "--compile"], "--compile with --inference"),
+    (["--inference", "--layers", "0"], "--layers must be >= 1"),
+    (["--experiment", "proxyformer_tabel1"], "--experiment proxyformer_tabel1: no configs/experiment/"),
+])
+def test_bad_flags_are_refused_before_anything_is_written(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=message):
+        main(["train", *flags, "--device", "cpu", "--out", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()
