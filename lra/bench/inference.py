@@ -138,12 +138,12 @@ def paper_table(rows: list[dict], lengths: list[int]) -> str:
     return common.format_table(lines, [*columns, ("reason", "skipped because", str)])
 
 
-def report(rows: list[dict], out: Path, where: dict, lengths: list[int], layers: int) -> list[dict]:
+def report(rows: list[dict], out: Path, where: dict, lengths: list[int]) -> list[dict]:
     """Ratios against the Transformer of each n, ``inference.csv``, the paper's table and the absolute numbers."""
     ok = [row for row in rows if row["status"] == "ok"]
     common.add_ratios(ok, ("n",), lambda row: row["variant"] == common.MATERIALISED, RATIOS)
     common.write_csv(rows, COLUMNS, out / "inference.csv")
-    first = rows[0]
+    first, layers = rows[0], "/".join(str(count) for count in sorted({row["layers"] for row in ok})) or "-"
     memory = "CUDA" if first["device"].startswith("cuda") else "CPU"
     print(f"\n{first['task']}, inference only, {layers} layers, batch {first['batch']}, {first['device']} "
           f"{first['dtype']}. MEM: peak {memory} tensor memory of a forward above the model and batch, per sequence; "

@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 from lra import REPO_ROOT
-from lra.config import CONFIG_DIR
+from lra.config import CONFIG_DIR, compose_config
 from lra.bench import common, inference
 
 COLUMNS = [
@@ -84,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", default=None,
                         help="a configs/experiment/*.yaml name composed into every row (its per-row settings, "
                              "configs/experiment_rows/<name>/<variant>.yaml), e.g. proxyformer_table1")
+    parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="Hydra overrides for every row, after the variant's, e.g. model.d_model=512 model.num_heads=8")
     parser.add_argument("--inference", action="store_true",
                         help="Proxyformer Table 2: inference only, memory per sequence and throughput × the Transformer "
                              "(lra.bench.inference)")
@@ -109,22 +111,46 @@ def run_worker(spec: dict, timeout: float, module: str = "lra.bench.train_worker
     return {"status": "skipped", "reason": lines[-1] if lines else f"exit code {proc.returncode}"}
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    """Measure every (variant, n) in its own process, add ratios, write CSV + PNG, print tables; returns the rows."""
+def layers(args: argparse.Namespace) -> int | None:
+    """``--layers``, else 6 with ``--inference`` (:data:`lra.bench.inference.LAYERS`), else None (the config's)."""
+    return args.layers or (inference.LAYERS if args.inference else None)
+
+
+def row_overrides(args: argparse.Namespace, n: int, variant: common.Variant, compiled: bool) -> list[str]:
+    """The Hydra overrides of one row: task and length, ``--experiment``, the variant, compile, layers, ``--overrides``."""
+    return [f"task={args.task}", f"task.max_length={n}", *([f"experiment={args.experiment}"] if args.experiment else []),
+            *variant.config_overrides(), *(["model.compile=true"] if compiled else []),
+            *([f"model.num_layers={layers(args)}"] if layers(args) else []), *args.overrides]
+
+
+def check_flags(args: argparse.Namespace, lengths: list[int], variants: list[common.Variant]) -> None:
+    """Refuse bad flags before any worker runs or anything is written: ``--compile`` with ``--inference``, lengths
+    or ``--layers`` below 1, an ``--experiment`` with no config, and overrides that do not compose (the first row's
+    config is composed here)."""
     if args.inference and args.compile:
         raise ValueError("--compile with --inference: the inference mode times the eager model only; drop one of them")
     if args.layers is not None and args.layers < 1:
         raise ValueError(f"--layers must be >= 1, got {args.layers}")
-    lengths = sorted(args.n or (inference.LENGTHS if args.inference else LENGTHS))
     if min(lengths) < 1:
         raise ValueError(f"--n must be >= 1, got {lengths}")
-    layers = args.layers or (inference.LAYERS if args.inference else None)
     if args.experiment is not None and not (CONFIG_DIR / "experiment" / f"{args.experiment}.yaml").is_file():
         known = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
         raise ValueError(f"--experiment {args.experiment}: no configs/experiment/{args.experiment}.yaml; available: {known}")
+    overrides = row_overrides(args, lengths[0], variants[0], False)
+    try:
+        compose_config(overrides)
+    except Exception as error:  # Hydra's composition errors (unknown key, group or value)
+        raise ValueError(f"the config {' '.join(overrides)} does not compose (check --task, --layers, --overrides): "
+                         f"{str(error).splitlines()[0]}") from error
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Measure every (variant, n) in its own process, add ratios, write CSV + PNG, print tables; returns the rows."""
+    lengths = sorted(args.n or (inference.LENGTHS if args.inference else LENGTHS))
+    variants = common.select_variants(args.variants, args.variant_overrides)
+    check_flags(args, lengths, variants)
     device = common.resolve_device(args.device)
     out = Path(args.out) if args.out else common.default_out_dir()
-    variants = common.select_variants(args.variants, args.variant_overrides)
     threads = common.setup_process(args.threads)
     where = common.machine(device)  # the workers run on the same machine with the same thread count
     print(f"[bench] {common.machine_line(where)}", flush=True)
@@ -137,11 +163,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     for n in lengths:
         for variant in variants:
             for compiled in (False, True) if args.compile else (False,):
-                overrides = [f"task={args.task}", f"task.max_length={n}",
-                             *([f"experiment={args.experiment}"] if args.experiment else []), *variant.config_overrides(),
-                             *(["model.compile=true"] if compiled else []),
-                             *([f"model.num_layers={layers}"] if layers else [])]
-                spec = {"overrides": overrides, "n": n, "batch": args.batch, "steps": args.steps,
+                spec = {"overrides": row_overrides(args, n, variant, compiled), "n": n, "batch": args.batch, "steps": args.steps,
                         "warmup": args.warmup, "device": str(device), "dtype": args.dtype, "threads": threads}
                 label = variant.label + COMPILED_SUFFIX * compiled
                 row = {"variant": label, "compiled": compiled, "n": n, **setting,
@@ -150,7 +172,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 print(f"n={n} {label}: {row['status']} {row.get('reason', '')}", flush=True)
                 rows.append(row)
     if args.inference:
-        return inference.report(rows, out, where, lengths, layers)
+        return inference.report(rows, out, where, lengths)
     ok = [row for row in rows if row["status"] == "ok"]
     common.add_ratios(ok, ("n", "compiled"), reference(common.BASELINE), RATIOS)
     common.add_ratios(ok, ("n", "compiled"), reference(common.MATERIALISED), TRANSFORMER_RATIOS)

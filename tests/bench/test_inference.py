@@ -60,25 +60,27 @@ def test_memory_per_sequence_grows_with_the_n_by_n_weights():
     assert m[common.MATERIALISED, 256]["mem_per_seq_bytes"] > m[common.BASELINE, 256]["mem_per_seq_bytes"]
 
 
-def params_of(layers: int, n: int) -> int:
+def params_of(layers: int, n: int, ffn_dim: int) -> int:
     cfg = compose_config(["task=text", f"task.max_length={n}", f"attention={common.MATERIALISED}",
-                          f"model.num_layers={layers}"])
+                          f"model.num_layers={layers}", f"model.ffn_dim={ffn_dim}"])
     return sum(p.numel() for p in build_model(cfg).parameters())
 
 
 def test_bench_train_inference_tiny(tmp_path, capsys):
-    """The CLI end to end (worker processes): 6 layers, ratios × the Transformer, the paper's table."""
+    """The CLI end to end (worker processes): 6 layers, ``--overrides`` reaching the model, ratios × the
+    Transformer, the paper's table."""
     out = tmp_path / "inference"
     main(["train", "--inference", "--task", "text", "--n", "64", "--batch", "2", "--steps", "1", "--warmup", "0",
           "--device", "cpu", "--threads", "1", "--variants", common.MATERIALISED, "--variant-overrides",
-          "--out", str(out)])
+          "--overrides", "model.ffn_dim=96", "--out", str(out)])
     printed = capsys.readouterr().out
     with (out / "inference.csv").open() as handle:
         rows = {row["variant"]: row for row in csv.DictReader(handle)}
     assert list(rows) == [common.BASELINE, common.MATERIALISED] and {r["status"] for r in rows.values()} == {"ok"}
     transformer = rows[common.MATERIALISED]
     for row in rows.values():
-        assert row["layers"] == "6" and int(row["params"]) == params_of(6, 64) > params_of(2, 64)
+        assert row["layers"] == "6" and int(row["params"]) == params_of(6, 64, 96) > params_of(2, 64, 96)
+        assert params_of(6, 64, 96) != params_of(6, 64, 128)  # the config's FFN width would give other counts
         assert float(row["mem_vs_transformer"]) == pytest.approx(
             float(row["mem_per_seq_bytes"]) / float(transformer["mem_per_seq_bytes"]))
         assert float(row["tp_vs_transformer"]) == pytest.approx(
@@ -94,6 +96,7 @@ def test_bench_train_inference_tiny(tmp_path, capsys):
     (["--inference", "--compile"], "--compile with --inference"),
     (["--inference", "--layers", "0"], "--layers must be >= 1"),
     (["--experiment", "proxyformer_tabel1"], "--experiment proxyformer_tabel1: no configs/experiment/"),
+    (["--overrides", "model.num_layer=6"], "model.num_layer=6 does not compose"),
 ])
 def test_bad_flags_are_refused_before_anything_is_written(tmp_path, flags, message):
     with pytest.raises(ValueError, match=message):
