@@ -1,9 +1,10 @@
-"""The iterative pseudo-inverse (Nyströmformer eq. 16): two fused Triton kernels (all ``n_iter`` steps of an ``m × m``
+"""The iterative pseudo-inverse (Nyströmformer eq. 16): fused Triton kernels (all ``n_iter`` steps of an ``m × m``
 problem in one program, forward and backward), a C++ kernel for the CPU and the PyTorch form (docs/design.md §2
 "Pseudo-inverse").
 
 * :mod:`kernels.pinv.forward`: the init ``Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞)`` and the steps, one launch.
-* :mod:`kernels.pinv.backward`: ``∂L/∂A`` through every step and the init's norms, one launch.
+* :mod:`kernels.pinv.backward`: ``∂L/∂A`` through every step and the init's norms, two launches (the serial chain,
+  then the sum of ``∂A``'s terms).
 * :mod:`kernels.pinv.launch`: block size and warps per ``m`` (what ``tests/kernels/test_pinv_triton.py`` compiles),
   the launch.
 * :mod:`kernels.pinv.ops`: the ``torch.library`` custom ops (``lra_pinv::*``, fake implementations, autograd, FLOP

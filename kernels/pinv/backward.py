@@ -1,24 +1,34 @@
-"""Backward kernel of the fused pseudo-inverse: ``∂L/∂A`` through all ``n_iter`` steps and ``Z₀``'s scale.
+"""Backward kernels of the fused pseudo-inverse: ``∂L/∂A`` through all ``n_iter`` steps and ``Z₀``'s scale.
 
-Notation of :mod:`kernels.pinv.forward`. From ``G = ∂L/∂Z_{n_iter}``, for ``k = n_iter − 1 … 0``, with
-``Z = Z_k`` (read from the forward's saved iterates, ``Z₀`` recomputed from ``A``) and ``AZ, W, inner, S``
-recomputed (three products), the chain rule of :class:`kernels.pinv.ops.Iterations`::
+Notation of :mod:`kernels.pinv.forward`, whose ``SAVED`` holds every step's ``Z, AZ, inner, S`` (nothing is
+recomputed here). From ``G = ∂L/∂Z_{n_iter}``, for ``k = n_iter − 1 … 0``, the chain rule of
+:class:`kernels.pinv.ops.Iterations`::
 
     ∂S = Zᵀ G                       ∂inner = −¼ (AZ)ᵀ ∂S
-    ∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner
+    ∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner       (W = 7I − AZ: −∂inner Wᵀ = −7 ∂inner + ∂inner (AZ)ᵀ)
     ∂A += ∂(AZ) Zᵀ                   G ← G Sᵀ + Aᵀ ∂(AZ)                 (then G = ∂L/∂Z₀)
 
-Then ``Z₀ = Aᵀ / norm``: ``∂A += Gᵀ / norm`` and ``∂norm = −Σ G ⊙ Z₀ / norm``. With a global norm (passed
-in) ``∂norm`` is written per problem and PyTorch sums it and differentiates the norm. Per problem
-(``norm = max(c·r, tiny)``, ``c = max_j Σ_i |a_ij|``, ``r = max_i Σ_j |a_ij|``) the kernel finishes as
-autograd does through the PyTorch form (``kernels/pinv/ops.py``): ``clamp_min`` passes the gradient where
-``c·r ≥ tiny``, ``amax`` splits it evenly among tied maxima, ``|a|`` multiplies by ``sign(a)`` (0 at 0)::
+Two kernels, one program per problem each; every product reads its operands from global memory as the forward's
+(:func:`kernels.pinv.forward.product`, :func:`~kernels.pinv.forward.publish`):
+
+* ``_pinv_bwd_steps`` walks the steps, serial in ``G``: seven products a step, ``G``, ``∂S``, ``∂inner`` and
+  ``G Sᵀ`` written to the problem's ``WORK`` ``(4, BLOCK, BLOCK)`` for the products that read them (so one
+  accumulator is live at a time), ``∂(AZ)_k`` to ``DAZ``; ``G₀`` is left in
+  ``WORK``'s first place.
+* ``_pinv_bwd_grad`` sums ``∂A = Σ_k ∂(AZ)_k Z_kᵀ`` (one product a step, the steps independent) and adds
+  ``Z₀ = Aᵀ / norm``'s terms: ``∂A += G₀ᵀ / norm`` and ``∂norm = −Σ G₀ ⊙ Z₀ / norm``. With a global norm (passed
+  in) ``∂norm`` is written per problem and PyTorch sums it and differentiates the norm. Per problem (``norm =
+  max(c·r, tiny)``, ``c = max_j Σ_i |a_ij|``, ``r = max_i Σ_j |a_ij|``) it finishes as autograd does through the
+  PyTorch form (``kernels/pinv/ops.py``): ``clamp_min`` passes the gradient where ``c·r ≥ tiny``, ``amax`` splits it
+  evenly among tied maxima, ``|a|`` multiplies by ``sign(a)`` (0 at 0)::
 
     ∂A_ij += sign(a_ij) · (∂norm · r · [c_j = c] / #{c_j = c}  +  ∂norm · c · [r_i = r] / #{r_i = r})
 
-(the norm is not detached). Eleven IEEE float32 products per step (three recomputing, eight of the chain rule),
-O(n_iter · m³) per problem; one program per problem. Layouts as the forward; ``DZ, DA`` ``(P, m, m)``
-contiguous, ``DNORM`` ``(P,)``.
+  (the norm is not detached).
+
+Eight products a step in all, O(n_iter · m³) per problem, in the forward's 3xTF32 dots
+(:data:`kernels.pinv.forward.PRECISION`). Layouts as the forward; ``DZ, DA`` ``(P, m, m)``, ``WORK``
+``(P, 4, BLOCK, BLOCK)``, ``DAZ`` ``(P, n_iter, m, m)`` contiguous, ``DNORM`` ``(P,)``.
 """
 
 from __future__ import annotations
@@ -26,9 +36,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.pinv.forward import TINY, inner_term, load_square, mm, norms, square_offsets, start_norm, step_term
-
-PRECISION = tl.constexpr("ieee")  # the backward's products: 3xTF32 would spill its seven live tiles (module doc)
+from kernels.pinv.forward import (SAVED_PER_STEP, TINY, load_square, load_tile, norms, product, publish, square_offsets,
+                                  start_norm)
 
 
 @triton.jit
@@ -39,35 +48,50 @@ def _tied_share(sums, top):
 
 
 @triton.jit
-def _pinv_bwd(A, NORM, SAVED, DZ, DA, DNORM, M, N_ITER, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr):
-    """One program: ``∂L/∂A`` of problem ``program_id(0)`` (and its ``∂L/∂norm`` with a global norm)."""
+def _pinv_bwd_steps(SAVED, DZ, WORK, DAZ, M, N_ITER, BLOCK: tl.constexpr):
+    """One program: the serial chain of problem ``program_id(0)``, writing each ``∂(AZ)_k`` and ``G₀``."""
     pid = tl.program_id(0).to(tl.int64)
-    square, inside, eye = square_offsets(M, BLOCK)
-    size = M * M
-    a = load_square(A + pid * size, square, inside)
-    norm = start_norm(a, NORM, HAS_NORM)
-    g = load_square(DZ + pid * size, square, inside)
-    grad_a = tl.zeros([BLOCK, BLOCK], tl.float32)
-    saved = SAVED + pid * (N_ITER - 1) * size
+    square, inside, _ = square_offsets(M, BLOCK)
+    tile = BLOCK * BLOCK
+    a = SAVED + pid * (1 + N_ITER * SAVED_PER_STEP) * tile  # A, then every step's Z, AZ, inner, S
+    g = WORK + pid * 4 * tile  # G, then ∂S, ∂inner and G Sᵀ of the step
+    grad_step, grad_inner, g_next = g + tile, g + 2 * tile, g + 3 * tile
+    zero = tl.zeros([BLOCK, BLOCK], tl.float32)
+    publish(g, load_square(DZ + pid * M * M, square, inside), BLOCK)
     for i in range(N_ITER):
         k = N_ITER - 1 - i
-        if k > 0:
-            z = load_square(saved + (k - 1) * size, square, inside)
-        else:
-            z = tl.trans(a) / norm
-        # The chain rule above, ordered so that at most seven m × m tiles are live (W = 7I − AZ is never kept:
-        # −∂inner Wᵀ = −7 ∂inner + ∂inner (AZ)ᵀ).
-        az = mm(a, z, PRECISION)
-        inner = inner_term(az, eye, PRECISION)
-        grad_step = mm(tl.trans(z), g, PRECISION)
-        g = mm(g, tl.trans(step_term(az, inner, eye, PRECISION)), PRECISION)
-        grad_az = -0.25 * mm(grad_step, tl.trans(inner), PRECISION)
-        grad_inner = -0.25 * mm(tl.trans(az), grad_step, PRECISION)
-        grad_az += mm(grad_inner, tl.trans(az), PRECISION) + mm(tl.trans(az), grad_inner, PRECISION) - 7.0 * grad_inner
-        grad_a += mm(grad_az, tl.trans(z), PRECISION)
-        g += mm(tl.trans(a), grad_az, PRECISION)
-    grad_a += tl.trans(g) / norm
-    grad_norm = -tl.sum(tl.sum(g * tl.trans(a), 1), 0) / (norm * norm)
+        z = a + (1 + k * SAVED_PER_STEP) * tile
+        az, inner, step_matrix = z + tile, z + 2 * tile, z + 3 * tile
+        publish(grad_step, product(z, True, g, False, zero, BLOCK), BLOCK)  # ∂S = Zᵀ G
+        publish(g_next, product(g, False, step_matrix, True, zero, BLOCK), BLOCK)  # G Sᵀ
+        publish(grad_inner, -0.25 * product(az, True, grad_step, False, zero, BLOCK), BLOCK)  # ∂inner = −¼ (AZ)ᵀ ∂S
+        # ∂(AZ) = −¼ ∂S innerᵀ − 7 ∂inner + ∂inner (AZ)ᵀ + (AZ)ᵀ ∂inner
+        grad_az = product(grad_step, False, inner, True, zero, BLOCK)
+        grad_az = -0.25 * grad_az - 7.0 * load_tile(grad_inner, BLOCK, False)
+        grad_az = product(grad_inner, False, az, True, grad_az, BLOCK)
+        grad_az = product(az, True, grad_inner, False, grad_az, BLOCK)
+        grad_az_k = DAZ + (pid * N_ITER + k) * tile
+        publish(grad_az_k, grad_az, BLOCK)
+        g_sum = product(a, True, grad_az_k, False, load_tile(g_next, BLOCK, False), BLOCK)  # G Sᵀ + Aᵀ ∂(AZ)
+        publish(g, g_sum, BLOCK)
+
+
+@triton.jit
+def _pinv_bwd_grad(A, NORM, SAVED, WORK, DAZ, DA, DNORM, M, N_ITER, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr):
+    """One program: ``∂L/∂A`` of problem ``program_id(0)`` (and its ``∂L/∂norm`` with a global norm)."""
+    pid = tl.program_id(0).to(tl.int64)
+    square, inside, _ = square_offsets(M, BLOCK)
+    tile = BLOCK * BLOCK
+    steps = SAVED + pid * (1 + N_ITER * SAVED_PER_STEP) * tile + tile
+    grad_a = tl.zeros([BLOCK, BLOCK], tl.float32)
+    for k in range(N_ITER):  # + ∂(AZ)_k Z_kᵀ
+        grad_a = product(DAZ + (pid * N_ITER + k) * tile, False, steps + k * SAVED_PER_STEP * tile, True, grad_a,
+                         BLOCK)
+    a = load_square(A + pid * M * M, square, inside)
+    g_t = load_tile(WORK + pid * 4 * tile, BLOCK, True)  # G₀ᵀ
+    norm = start_norm(a, NORM, HAS_NORM)
+    grad_a += g_t / norm
+    grad_norm = -tl.sum(tl.sum(g_t * a, 1), 0) / (norm * norm)
     if HAS_NORM:
         tl.store(DNORM + pid, grad_norm)
     else:
@@ -77,4 +101,4 @@ def _pinv_bwd(A, NORM, SAVED, DZ, DA, DNORM, M, N_ITER, BLOCK: tl.constexpr, HAS
         grad_row = grad_norm * col * _tied_share(row_sums, row)
         sign = tl.where(a > 0, 1.0, tl.where(a < 0, -1.0, 0.0))
         grad_a += sign * (grad_col[None, :] + grad_row[:, None])
-    tl.store(DA + pid * size + square, grad_a, mask=inside)
+    tl.store(DA + pid * M * M + square, grad_a, mask=inside)

@@ -1,27 +1,32 @@
 """Forward kernel of the fused pseudo-inverse (Nyströmformer eq. 16; docs/design.md §2 "Pseudo-inverse").
 
-One program per ``m × m`` problem ``A`` (a batch row × head of CUR's ``U`` or Nyström's kernel), the whole
-problem in registers as one ``BLOCK × BLOCK`` float32 tile (``BLOCK = max(16, next_pow2(m))``, the rows and
-columns past ``m`` zero)::
+One program per ``m × m`` problem ``A`` (a batch row × head of CUR's ``U`` or Nyström's kernel), all ``n_iter``
+steps in that program::
 
     Z₀ = Aᵀ / max(‖A‖₁ ‖A‖∞, tiny)               max column sum × max row sum of |A| (per_head),
                                                 or one norm for every problem (global, passed in)
     AZ = A Z,  W = 7I − AZ,  inner = 15I − AZ W,  S = 3.25I − ¼ AZ inner,  Z ← Z S     n_iter times
 
-Four products per step (:func:`mm`), O(n_iter · m³) per problem, float32 ``tl.dot`` in :data:`PRECISION`: 3xTF32,
-each product as three TF32 products of the operands' high and low parts on the tensor cores (~22 mantissa bits;
-within the float32 tolerances of ``tests/kernels/test_pinv_triton_kernels.py``, whose interpreter runs emulate it).
-Plain TF32's 10-bit mantissa stalls the iteration at ~1e-3; IEEE dots run on the FMA units, where each thread holds
-its operands' whole K extent in registers (the forward spilled at m = 64; :mod:`kernels.pinv.launch`). The backward
-(:mod:`kernels.pinv.backward`) keeps IEEE dots: in tensor-core dots its seven live tiles spill kilobytes. Zero
-padding is exact: the norms of the padded matrix are ``A``'s, and every iterate keeps zero rows and columns past
-``m`` (``S`` is ``3.25 I`` there).
+Four products per step, O(n_iter · m³) per problem. Each product (:func:`product`) reads its operands from global
+memory, where the program has just written them (:func:`publish`: a store between two CTA barriers), ``K_CHUNK``
+columns of the left and rows of the right operand at a time, into one ``BLOCK × BLOCK`` float32 accumulator
+(``BLOCK = max(16, next_pow2(m))``, rows and columns past ``m`` masked to zero): a thread holds the accumulator
+and two ``K_CHUNK``-wide slices, not both operands over all of K. (With the operands held in registers as whole
+tiles, a 64 × 64 × 64 product in 3xTF32 dots alone took 147 registers at 8 warps on sm_90 and spilled on sm_80;
+the kernels spilled 0.9–3.2 KB per thread: docs/bench.md.) The operands are 16 KiB each at m = 64 and were written
+by the same SM a moment before, so they are read from its L1 or the L2, not HBM. The dots are float32 ``tl.dot``
+in :data:`PRECISION`: 3xTF32, each product as three TF32 products of the operands' high and low parts on the tensor
+cores (~22 mantissa bits; within the float32 tolerances of ``tests/kernels/test_pinv_triton_kernels.py``, whose
+interpreter runs emulate it); plain TF32's 10-bit mantissa stalls the iteration at ~1e-3. Zero padding is exact:
+the norms of the padded matrix are ``A``'s, and every iterate keeps zero rows and columns past ``m``.
 
-``_pinv_fwd`` writes ``Z_{n_iter}`` and, when ``SAVE`` (autograd will need it), the step inputs
-``Z_1 … Z_{n_iter−1}`` (``Z₀`` is recomputed from ``A``), what :mod:`kernels.pinv.backward` reads. The
-shared pieces (:func:`load_square`, :func:`norms`, :func:`inner_term`, :func:`step_term`) serve both kernels.
-Layouts: ``A, Z`` ``(P, m, m)`` contiguous, ``SAVED`` ``(P, n_iter − 1, m, m)`` contiguous, ``NORM`` one
-float32 (global init). Offsets are int64 (``P · n_iter · m²`` may pass 2³¹).
+``_pinv_fwd`` writes ``Z_{n_iter}``; each step's ``Z, AZ, inner, S`` go to ``SAVED`` (``W`` passes through ``S``'s
+place before ``S`` overwrites it). When ``SAVE`` (autograd will need them) every step has its own four places,
+what :mod:`kernels.pinv.backward` reads (so it recomputes no product); otherwise the steps share one set, a scratch.
+The shared pieces (:func:`square_offsets`, :func:`load_square`, :func:`publish`, :func:`product`, :func:`norms`,
+:func:`start_norm`) serve the backward kernels too. Layouts: ``A, Z`` ``(P, m, m)`` contiguous, ``SAVED``
+``(P, n_iter, 4, m, m)`` (``SAVE``) or ``(P, 1, 4, m, m)`` contiguous, ``NORM`` one float32 (global init). Offsets
+are int64 (``P · n_iter · 4 m²`` may pass 2³¹).
 """
 
 from __future__ import annotations
@@ -31,43 +36,9 @@ import triton.language as tl
 
 # torch.finfo(torch.float32).tiny: the clamp of the norm product (kernels.pinv.ops.start_norm)
 TINY = tl.constexpr(1.1754943508222875e-38)
-PRECISION = tl.constexpr("tf32x3")  # the forward's products (module doc); lra.bench's time model reads it
-
-
-@triton.jit
-def _split_k(a, b):
-    """``A = [A₀ A₁]``, ``B = [B₀; B₁]`` by interleaved halves of the K dimension (A's even/odd columns, B's rows)."""
-    a0, a1 = tl.split(tl.reshape(a, [a.shape[0], a.shape[1] // 2, 2]))
-    b0, b1 = tl.split(tl.permute(tl.reshape(b, [b.shape[0] // 2, 2, b.shape[1]]), (0, 2, 1)))
-    return a0, a1, b0, b1
-
-
-@triton.jit
-def _mm_k32(a, b, acc):
-    """``acc + A B`` for K ≤ 32, as two dots of K = 16 when K = 32."""
-    if a.shape[1] > 16:
-        a0, a1, b0, b1 = _split_k(a, b)
-        acc = tl.dot(a1, b1, tl.dot(a0, b0, acc, input_precision="ieee"), input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    return acc
-
-
-@triton.jit
-def mm(a, b, PRECISION: tl.constexpr):
-    """``a @ b`` of float32 tiles, accumulated in float32. ``"ieee"``: dots of K = 16 on the FMA units, where each
-    thread holds its operand rows and columns over the whole K in registers, so shorter K means fewer live registers
-    (at K = 64 and 32; K ≤ 64 here). Otherwise one ``tl.dot`` of that ``input_precision`` on the tensor cores."""
-    if PRECISION == "ieee":
-        acc = tl.zeros([a.shape[0], b.shape[1]], tl.float32)
-        if a.shape[1] > 32:
-            a0, a1, b0, b1 = _split_k(a, b)
-            acc = _mm_k32(a1, b1, _mm_k32(a0, b0, acc))
-        else:
-            acc = _mm_k32(a, b, acc)
-    else:
-        acc = tl.dot(a, b, input_precision=PRECISION)
-    return acc
+PRECISION = tl.constexpr("tf32x3")  # every product's dots (module doc); lra.bench's time model reads it
+K_CHUNK = tl.constexpr(16)  # the K extent of one dot in a product (tl.dot's least)
+SAVED_PER_STEP = tl.constexpr(4)  # Z, AZ, inner, S
 
 
 @triton.jit
@@ -81,6 +52,50 @@ def square_offsets(M, BLOCK: tl.constexpr):
 @triton.jit
 def load_square(ptr, square, inside):
     return tl.load(ptr + square, mask=inside, other=0.0)
+
+
+@triton.jit
+def load_tile(ptr, BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """A ``BLOCK × BLOCK`` row-major tile that :func:`publish` wrote, or its transpose."""
+    offs = tl.arange(0, BLOCK)
+    if TRANSPOSED:
+        tile = tl.load(ptr + offs[None, :] * BLOCK + offs[:, None])
+    else:
+        tile = tl.load(ptr + offs[:, None] * BLOCK + offs[None, :])
+    return tile
+
+
+@triton.jit
+def publish(ptr, tile, BLOCK: tl.constexpr):
+    """Store the ``BLOCK × BLOCK`` ``tile`` where the program's next products read it (row-major, zero padding
+    included): a barrier before (every thread's reads of what it overwrites are done) and after (every thread's
+    share is visible to the others, CTA scope)."""
+    offs = tl.arange(0, BLOCK)
+    tl.debug_barrier()
+    tl.store(ptr + offs[:, None] * BLOCK + offs[None, :], tile)
+    tl.debug_barrier()
+
+
+@triton.jit
+def product(X, X_T: tl.constexpr, Y, Y_T: tl.constexpr, acc, BLOCK: tl.constexpr):
+    """``acc + op(X) op(Y)`` of two ``BLOCK × BLOCK`` row-major tiles in global memory (:func:`publish`; ``op``
+    transposes where ``X_T`` / ``Y_T``), ``acc`` float32: ``K_CHUNK`` columns of ``op(X)`` and rows of ``op(Y)``
+    at a time, in :data:`PRECISION` dots. The loop is not unrolled: unrolled, the compiler hoists every product's
+    loads and spills (docs/bench.md)."""
+    rows = tl.arange(0, BLOCK)
+    inner = tl.arange(0, K_CHUNK)
+    for start in tl.range(0, BLOCK, K_CHUNK, loop_unroll_factor=1):
+        ks = start + inner
+        if X_T:  # op(X)[i, k] = X[k, i]
+            x = tl.load(X + ks[None, :] * BLOCK + rows[:, None])
+        else:
+            x = tl.load(X + rows[:, None] * BLOCK + ks[None, :])
+        if Y_T:  # op(Y)[k, j] = Y[j, k]
+            y = tl.load(Y + rows[None, :] * BLOCK + ks[:, None])
+        else:
+            y = tl.load(Y + ks[:, None] * BLOCK + rows[None, :])
+        acc = tl.dot(x, y, acc, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit
@@ -104,30 +119,24 @@ def start_norm(a, NORM, HAS_NORM: tl.constexpr):
 
 
 @triton.jit
-def inner_term(az, eye, PRECISION: tl.constexpr):
-    """``inner = 15I − AZ W`` with ``W = 7I − AZ`` (``W`` only lives inside this product)."""
-    return tl.where(eye, 15.0, 0.0) - mm(az, tl.where(eye, 7.0 - az, -az), PRECISION)
-
-
-@triton.jit
-def step_term(az, inner, eye, PRECISION: tl.constexpr):
-    """``S = 3.25I − ¼ AZ inner``: one Newton–Schulz step is ``Z ← Z S``."""
-    return tl.where(eye, 3.25, 0.0) - 0.25 * mm(az, inner, PRECISION)
-
-
-@triton.jit
 def _pinv_fwd(A, NORM, Z, SAVED, M, N_ITER, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr, SAVE: tl.constexpr):
     """One program: problem ``program_id(0)``, init and all ``N_ITER`` steps."""
     pid = tl.program_id(0).to(tl.int64)
     square, inside, eye = square_offsets(M, BLOCK)
-    size = M * M
-    a = load_square(A + pid * size, square, inside)
+    tile = BLOCK * BLOCK
+    a = load_square(A + pid * M * M, square, inside)
+    kept = SAVED + pid * (1 + (N_ITER if SAVE else 1) * SAVED_PER_STEP) * tile  # A, then the steps
+    publish(kept, a, BLOCK)
     z = tl.trans(a) / start_norm(a, NORM, HAS_NORM)
-    saved = SAVED + pid * (N_ITER - 1) * size
+    zero = tl.zeros([BLOCK, BLOCK], tl.float32)
     for k in range(N_ITER):
-        if SAVE:
-            if k > 0:
-                tl.store(saved + (k - 1) * size + square, z, mask=inside)
-        az = mm(a, z, PRECISION)
-        z = mm(z, step_term(az, inner_term(az, eye, PRECISION), eye, PRECISION), PRECISION)
-    tl.store(Z + pid * size + square, z, mask=inside)
+        step = kept + (1 + (k if SAVE else 0) * SAVED_PER_STEP) * tile  # Z, AZ, inner, S of step k
+        z_k, az_k, inner_k, s_k = step, step + tile, step + 2 * tile, step + 3 * tile
+        publish(z_k, z, BLOCK)
+        az = product(kept, False, z_k, False, zero, BLOCK)  # AZ = A Z
+        publish(az_k, az, BLOCK)
+        publish(s_k, tl.where(eye, 7.0 - az, -az), BLOCK)  # W = 7I − AZ, in S's place until S is formed
+        publish(inner_k, tl.where(eye, 15.0, 0.0) - product(az_k, False, s_k, False, zero, BLOCK), BLOCK)
+        publish(s_k, tl.where(eye, 3.25, 0.0) - 0.25 * product(az_k, False, inner_k, False, zero, BLOCK), BLOCK)
+        z = product(z_k, False, s_k, False, zero, BLOCK)  # Z ← Z S
+    tl.store(Z + pid * M * M + square, z, mask=inside)

@@ -139,7 +139,8 @@ def _bytes(tensors) -> float:
 
 # FLOPs of our Triton kernels in units of B·H·n·m·d (the products each program forms; docs/flashcur.md)
 FLASHCUR_FLOPS = {"_rv_fwd": 4, "_out_fwd": 4, "_rv_bwd_kv": 8, "_rv_bwd_q": 6, "_out_bwd_q": 8, "_out_bwd_kw": 8}
-PINV_PRODUCTS = {"_pinv_fwd": 4, "_pinv_bwd": 11}  # BLOCK³ products per Newton–Schulz step (kernels/pinv/)
+# BLOCK³ products per Newton–Schulz step (kernels/pinv/): the forward's four, the backward's seven serial and one not
+PINV_PRODUCTS = {"_pinv_fwd": 4, "_pinv_bwd_steps": 7, "_pinv_bwd_grad": 1}
 # the peak a dot's unit reaches: "tensor" (bf16/fp16 operands), TF32, 3xTF32 (three TF32 products per product), "fp32"
 # (IEEE float32 dots on the FMA units, and everything that is not a product)
 UNIT_PEAK = {"tensor": lambda gpu: gpu.bf16, "tf32": lambda gpu: gpu.tf32, "tf32x3": lambda gpu: gpu.tf32 / 3,
@@ -152,11 +153,11 @@ def triton_flops(kernel, shape) -> tuple[float, str]:
     batch, heads, n, m, d = shape
     name, launch = kernel.kernel.split(":")[-1], kernel.launch
     constexprs = launch.config.constexprs if launch is not None and launch.config is not None else {}
-    if name in PINV_PRODUCTS:  # float32 dots in the kernel's module's PRECISION (kernels/pinv/)
-        from kernels.pinv import backward, forward
+    if name in PINV_PRODUCTS:  # float32 dots in the kernels' PRECISION (kernels/pinv/forward.py)
+        from kernels.pinv import forward
 
         block = constexprs.get("BLOCK", m)
-        precision = (forward if name == "_pinv_fwd" else backward).PRECISION.value
+        precision = forward.PRECISION.value
         unit = {"ieee": "fp32", "tf32": "tf32", "tf32x3": "tf32x3"}[precision]
         return 2 * block ** 3 * PINV_PRODUCTS[name] * kernel.trips * kernel.programs, unit
     if constexprs.get("F32_DOT", True):  # float32 operands: TF32 tensor-core dots if asked, else the FMA units

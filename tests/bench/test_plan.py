@@ -143,17 +143,19 @@ def test_fourth_rule_flags_a_slow_kernel_on_few_programs():
 
 
 def test_the_pseudo_inverse_is_priced_in_its_kernels_dot_precision():
-    """The planned CUR layer's pseudo-inverse: the forward's products on the tensor cores in 3xTF32 (a third of the
-    TF32 peak), the backward's on the FMA units (IEEE), each read from its kernel module; BLOCK³ products per step."""
+    """The planned CUR layer's pseudo-inverse: every product on the tensor cores in 3xTF32 (a third of the TF32 peak),
+    read from the kernels' module; BLOCK³ products per step, four forward and eight backward (seven in the serial
+    kernel, one in the kernel that sums ∂A)."""
     shape = dict(heads=2, head_dim=32, landmarks=64, dtype="bf16", variants=None, variant_overrides=[])
     chosen = common.select_variants(["curformer"], [])[-1]
     kernels = plan_variant(chosen, argparse.Namespace(n=1024, **shape), 8)
     pinv = {k.kernel.split(":")[-1]: k for k in kernels if "_pinv_" in k.kernel}
-    assert set(pinv) == {"_pinv_fwd", "_pinv_bwd"}
-    forward_flops, forward_unit = roofline.triton_flops(pinv["_pinv_fwd"], (8, 2, 1024, 64, 32))
-    backward_flops, backward_unit = roofline.triton_flops(pinv["_pinv_bwd"], (8, 2, 1024, 64, 32))
-    assert (forward_unit, backward_unit) == ("tf32x3", "fp32")
+    assert set(pinv) == {"_pinv_fwd", "_pinv_bwd_steps", "_pinv_bwd_grad"}
+    priced = {name: roofline.triton_flops(kernel, (8, 2, 1024, 64, 32)) for name, kernel in pinv.items()}
+    assert {unit for _, unit in priced.values()} == {"tf32x3"}
+    forward_flops = priced["_pinv_fwd"][0]
     assert forward_flops == 2 * 64**3 * 4 * pinv["_pinv_fwd"].trips * 16  # 16 problems (B·H), n_iter trips
-    assert backward_flops == forward_flops * 11 / 4
+    assert priced["_pinv_bwd_steps"][0] == forward_flops * 7 / 4 and priced["_pinv_bwd_grad"][0] == forward_flops / 4
+    forward_unit = priced["_pinv_fwd"][1]
     gpu = roofline.GPUS["h200"]
     assert roofline.UNIT_PEAK[forward_unit](gpu) == gpu.tf32 / 3
