@@ -6,7 +6,8 @@ kernels (§5.2, Alg. 2) and the CPU training node over the landmark-attention ke
 * :mod:`kernels.cur.launch`: launch parameters per GPU architecture, dtype and shape (what
   ``tests/kernels/test_aot_compile.py`` compiles), the launch, and one function per kernel (pair) that allocates,
   launches (n split over a grid axis for the kernels whose programs walk all n tokens) and merges the split partials;
-  :mod:`kernels.cur.run` the launches' shared steps.
+  :mod:`kernels.cur.run` the launches' shared steps; :mod:`kernels.cur.merge` the merge of kernel (a)'s splits, one
+  kernel.
 * :mod:`kernels.cur.ops`: the ``torch.library`` custom ops ``lra_flashcur::*`` over those functions (fake
   implementations, autograd, FLOP formulas); :mod:`attention.flashcur` chains them.
 * :mod:`kernels.cur.cpu`: CUR's training step on the CPU as one autograd node (``CURKernelAttention``) over the C++

@@ -6,8 +6,8 @@ Forward: :func:`rv_forward` (kernel a), :func:`u_forward` (kernel b), :func:`out
 ``C W`` part of kernel c) of :mod:`kernels.cur.backward`. Shapes are ``(B, H, ·, d)``; see those modules for the
 equations and layouts. The kernels whose programs walk all n tokens (``_rv_fwd``, ``_rv_bwd_q``, ``_out_bwd_kw``: a
 block of m rows or keys each) split n into ``S`` parts on a third grid axis and write float32 per-split partials
-``(B, H, S, m, ·)``, combined here: ``_rv_fwd``'s by the log-sum-exp merge :func:`merge_splits`, the gradients' by a
-sum over ``S``. Deterministic (no atomics); with ``S = 1`` the partial is the result (no extra launch). Every
+``(B, H, S, m, ·)``, combined here: ``_rv_fwd``'s by the log-sum-exp merge, one kernel
+(:func:`kernels.cur.merge.merge_splits`), the gradients' by a sum over ``S``. Deterministic (no atomics); with ``S = 1`` the partial is the result (no extra launch). Every
 function only allocates and launches, so it runs on ``meta`` tensors inside :func:`kernels.common.launch.recording`
 (the launch plan). The custom ops that wrap them (fake implementations, autograd, FLOP formulas) are
 :mod:`kernels.cur.ops`.
@@ -20,7 +20,7 @@ import math
 import torch
 import triton
 
-from kernels.cur import launch
+from kernels.cur import launch, merge
 
 
 LOG2E = 1.4426950408889634
@@ -42,17 +42,6 @@ def _partials(batch: int, heads: int, parts: int, *tail: int, like: torch.Tensor
     return torch.empty(batch, heads, *([parts] if parts > 1 else []), *tail, device=like.device, dtype=torch.float32)
 
 
-def merge_splits(rv_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(RV, lse)`` from per-split normalised partials ``RV_s`` ``(B,H,S,m,d)`` and base-2 ``lse_s`` ``(B,H,S,m)``:
-    ``lse = log2 Σ_s 2^{lse_s}``, ``RV = Σ_s 2^{lse_s − lse} RV_s`` (a split without a real key has
-    ``lse_s = −1e30``, ``RV_s = 0``: weight 0)."""
-    top = lse_parts.amax(2, keepdim=True)
-    weight = torch.exp2(lse_parts - top)  # (B, H, S, m)
-    total = weight.sum(2, keepdim=True)
-    rv = torch.einsum("bhsm,bhsmd->bhmd", weight / total, rv_parts)
-    return rv, (top + torch.log2(total)).squeeze(2)
-
-
 def rv_forward(q_sel: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
     """Kernel (a). ``q_sel`` ``(B,H,m,d)``, ``k, v`` ``(B,H,n,d)``, ``key_mask`` bool ``(B,n)``.
 
@@ -71,7 +60,7 @@ def rv_forward(q_sel: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
         H, n, d, m, split_n, _scale(d),
         loop=("keys", triton.cdiv(split_n, cfg.constexprs["BLOCK_N"])),
     )
-    return merge_splits(rv, lse) if parts > 1 else (rv, lse)
+    return merge.merge_splits(rv, lse) if parts > 1 else (rv, lse)
 
 
 def u_forward(q_sel: torch.Tensor, k_sel: torch.Tensor, valid_k: torch.Tensor) -> torch.Tensor:
