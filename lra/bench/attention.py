@@ -17,7 +17,11 @@ For each length n and each row of :func:`lra.bench.cases.build_cases` (every con
 * ``saved_bytes`` — storages autograd keeps for backward (parameters excluded); ``saved_ratio`` —
   / that of ``softmax_materialised`` (core level only);
 * ``peak_mem_bytes`` (CUDA only) — ``max_memory_allocated`` during forward + backward above the
-  inputs, ``mem_ratio`` — / softmax's.
+  inputs, ``mem_ratio`` — / softmax's;
+* ``fwdbwd_graph_s`` (CUDA only) — median forward + backward replayed as one CUDA graph (:func:`graphed_seconds`:
+  captured once after warm-up on a side stream, gradients allocated in the graph's pool), beside the eager
+  ``fwdbwd_s``: what launch overhead costs the row; ``speedup_fwdbwd_graph`` — softmax's graphed time / the row's;
+  ``graph_reason`` — why a row has no graphed time (no GPU, or the capture failed: a host sync in the code).
 
 Writes ``attention.csv`` and ``attention.png`` (log-log latency and memory vs n) under ``--out``.
 """
@@ -37,7 +41,8 @@ COLUMNS = [
     "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised", "speedup_fwdbwd_materialised",
     "flops_fwd", "flops_fwdbwd", "flops_per_s_fwd", "flops_per_s_fwdbwd", "flop_ratio_fwd", "flop_ratio_fwdbwd",
     "matmul_flops_per_s",
-    "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
+    "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio", "fwdbwd_graph_s", "speedup_fwdbwd_graph",
+    "graph_reason",
     *[column for column in common.MACHINE_COLUMNS if column != "threads"],
 ]
 
@@ -58,6 +63,31 @@ def objective(case: Case, inputs: tuple) -> torch.Tensor:
     out, aux = case.forward(*inputs)
     loss = out.float().sum()
     return loss if aux is None else loss + aux
+
+
+def graphed_seconds(fn, device: torch.device, warmup: int, repeats: int) -> tuple[float | None, str]:
+    """``(median seconds, "")`` of ``fn`` captured once as a CUDA graph and replayed, or ``(None, reason)``.
+
+    PyTorch's whole-network capture: ``fn`` runs ``max(warmup, 3)`` times on a side stream first (Triton compiles,
+    cuBLAS picks its kernels, the caching allocator settles), then once under ``torch.cuda.graph``; ``fn`` sets the
+    gradients to None itself, so the captured backward allocates them from the graph's private pool. Replays then
+    launch every kernel of the step at once. A capture that fails (a host sync, a CPU tensor made inside) gives
+    its reason instead of a time."""
+    if device.type != "cuda":
+        return None, "CUDA graphs need a GPU"
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(max(warmup, 3)):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as error:
+        return None, f"capture failed: {str(error).splitlines()[0]}"
+    return common.median_seconds(graph.replay, device, warmup, repeats), ""
 
 
 def measure(case: Case, n: int, args: argparse.Namespace, device: torch.device) -> dict:
@@ -87,6 +117,7 @@ def measure(case: Case, n: int, args: argparse.Namespace, device: torch.device) 
         "flops_fwdbwd": common.count_flops(forward_backward),
         "peak_mem_bytes": common.cuda_peak_bytes(forward_backward, device),
     }
+    row["fwdbwd_graph_s"], row["graph_reason"] = graphed_seconds(forward_backward, device, args.warmup, args.repeats)
     row["flops_per_s_fwd"] = row["flops_fwd"] / row["fwd_s"]
     row["flops_per_s_fwdbwd"] = row["flops_fwdbwd"] / row["fwdbwd_s"]
     return row
@@ -121,7 +152,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == common.BASELINE,
                       {"speedup_fwd": ("fwd_s", True), "speedup_fwdbwd": ("fwdbwd_s", True),
                        "flop_ratio_fwd": ("flops_fwd", True), "flop_ratio_fwdbwd": ("flops_fwdbwd", True),
-                       "mem_ratio": ("peak_mem_bytes", False)})
+                       "mem_ratio": ("peak_mem_bytes", False), "speedup_fwdbwd_graph": ("fwdbwd_graph_s", True)})
     common.add_ratios(ok, ("n", "level"), lambda r: r["variant"] == common.MATERIALISED,
                       {"saved_ratio": ("saved_bytes", False), "speedup_fwd_materialised": ("fwd_s", True),
                        "speedup_fwdbwd_materialised": ("fwdbwd_s", True)})
@@ -133,6 +164,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         ("flop_ratio_fwd", "FLOP ↑ fwd", common.times),
         ("fwdbwd_s", "fwd+bwd ms", common.ms), ("speedup_fwdbwd", "fwd+bwd ↑", common.times),
         ("flop_ratio_fwdbwd", "FLOP ↑ fwd+bwd", common.times),
+        ("fwdbwd_graph_s", "graph ms", common.ms), ("speedup_fwdbwd_graph", "graph ↑", common.times),
         ("speedup_fwd_materialised", "fwd ↑ mat.", common.times),
         ("speedup_fwdbwd_materialised", "fwd+bwd ↑ mat.", common.times),
         ("flops_fwd", "GFLOP fwd", common.giga), ("flops_per_s_fwd", "GFLOP/s fwd", common.giga_rate),

@@ -93,8 +93,8 @@ def test_bench_attention_tiny(tmp_path):
         "fwd_s", "fwdbwd_s", "speedup_fwd", "speedup_fwdbwd", "speedup_fwd_materialised",
         "speedup_fwdbwd_materialised", "flops_fwd", "flops_fwdbwd", "flops_per_s_fwd", "flops_per_s_fwdbwd",
         "flop_ratio_fwd", "flop_ratio_fwdbwd", "matmul_flops_per_s",
-        "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio",
-        "cpu", "cpu_capability", "torch", "gpu", "gpu_capability", "impl",
+        "saved_bytes", "saved_ratio", "peak_mem_bytes", "mem_ratio", "fwdbwd_graph_s", "speedup_fwdbwd_graph",
+        "graph_reason", "cpu", "cpu_capability", "torch", "gpu", "gpu_capability", "impl",
     ]
     assert {r["impl"] for r in rows} == {"auto"}  # the attention.impl each row ran (none overridden here)
     # where the figures came from: every row names the CPU, ATen's SIMD level, the threads and the torch version
@@ -122,6 +122,7 @@ def test_bench_attention_tiny(tmp_path):
                 assert number(row[f"flop_ratio_{phase}"]) == pytest.approx(number(ref[f"flops_{phase}"]) / flops)
             assert number(row["matmul_flops_per_s"]) > 0
             assert row["peak_mem_bytes"] == ""  # CUDA only
+            assert row["fwdbwd_graph_s"] == "" and row["graph_reason"] == "CUDA graphs need a GPU"
             if level == "core":
                 materialised = number(by_key[(n, "core", "softmax_materialised")]["saved_bytes"])
                 assert number(row["saved_ratio"]) == pytest.approx(number(row["saved_bytes"]) / materialised)
