@@ -11,7 +11,13 @@ For every ``--m`` and ``--problems`` (batch × heads, e.g. 16 = B 8 × H 2): the
 on the same float32 row-softmax matrices (CUR's ``U``), ``--iters`` steps, per_head init. ``launches_fwd`` and
 ``launches_fwdbwd`` count the pseudo-inverse's dispatched ops that are neither views nor allocations (on the
 ``meta`` device, the CUDA path's dispatch; also where the row is skipped), ``speedup_*`` is the PyTorch form's
-time over the row's. Writes ``pinv.csv`` under ``--out``.
+time over the row's. ``error_fwd`` and ``error_grad``: the row's ``Z`` and ``∂⟨Z, P⟩/∂A`` (``P`` a fixed random
+probe) on ``I + 0.3·N/√m`` (``N`` standard normal; a softmax matrix's row sums tie, and the norm's gradient then
+follows rounding to one tied row or another) against the PyTorch form in float64, as a share of the reference's
+largest entry, beside ``bound``, the
+kernels' test tolerance ``4·m·u`` (``u = 2⁻²⁴``): on a GPU this checks what the interpreter cannot (the fused
+kernels' barriers between a product's stores and its loads, the hardware's 3xTF32 dots). Writes ``pinv.csv`` under
+``--out``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from kernels.pinv.ops import fused_pinv
 from lra.bench import common
 
 COLUMNS = ["form", "m", "problems", "iters", "device", "status", "reason", "fwd_s", "fwdbwd_s", "speedup_fwd",
-           "speedup_fwdbwd", "launches_fwd", "launches_fwdbwd", *common.MACHINE_COLUMNS]
+           "speedup_fwdbwd", "launches_fwd", "launches_fwdbwd", "error_fwd", "error_grad", "bound",
+           *common.MACHINE_COLUMNS]
+UNIT = 2.0**-24  # float32 unit roundoff
 FORMS = {"fused": fused_pinv, "pytorch": pytorch_pinv}
 NOT_LAUNCHES = {"view", "reshape", "_unsafe_view", "expand", "transpose", "t", "empty", "empty_like", "new_empty",
                 "detach", "alias", "_to_copy", "unsqueeze", "squeeze", "lift_fresh"}
@@ -68,6 +76,25 @@ def launches(form, m: int, problems: int, iters: int) -> tuple[int, int]:
     return forward.count, forward.count + backward.count
 
 
+def errors(form, problems: int, m: int, iters: int, device: torch.device) -> dict:
+    """``error_fwd``, ``error_grad`` and ``bound`` of ``form`` on ``problems`` matrices ``m × m`` (module doc)."""
+    noise = torch.randn(problems, m, m, generator=torch.Generator().manual_seed(2))
+    matrices = (torch.eye(m) + 0.3 * noise / m**0.5).to(device)
+    exact = matrices.double().requires_grad_()
+    reference = pytorch_pinv(exact, iters)
+    probe = torch.randn(reference.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (reference_grad,) = torch.autograd.grad((reference * probe.to(reference.device)).sum(), exact)
+    leaf = matrices.clone().requires_grad_()
+    z = form(leaf, iters)
+    (grad,) = torch.autograd.grad((z * probe.to(z)).sum(), leaf)
+
+    def share(got: torch.Tensor, want: torch.Tensor) -> float:
+        return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+    return {"error_fwd": share(z, reference), "error_grad": share(grad, reference_grad),
+            "bound": 4 * matrices.shape[-1] * UNIT}
+
+
 def measure(form, matrices: torch.Tensor, args: argparse.Namespace, device: torch.device) -> dict:
     leaf = matrices.clone().requires_grad_()
 
@@ -104,7 +131,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 reason = "the fused kernels need a CUDA device" if device.type != "cuda" else f"m > {MAX_M}"
                 row.update(status="skipped", reason=reason)
             else:
-                row.update(status="ok", **measure(form, matrices, args, device))
+                row.update(status="ok", **measure(form, matrices, args, device), **errors(form, problems, m, args.iters, device))
             rows.append(row)
     common.add_ratios([row for row in rows if row["status"] == "ok"], ("m", "problems"),
                       lambda row: row["form"] == "pytorch",
@@ -115,7 +142,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         ("fwd_s", "fwd ms", common.ms), ("speedup_fwd", "fwd ↑", common.times),
         ("fwdbwd_s", "fwd+bwd ms", common.ms), ("speedup_fwdbwd", "fwd+bwd ↑", common.times),
         ("launches_fwd", "launches fwd", str), ("launches_fwdbwd", "launches fwd+bwd", str),
-        ("reason", "skipped because", str),
+        ("error_fwd", "error Z", lambda v: f"{v:.1e}"), ("error_grad", "error ∂A", lambda v: f"{v:.1e}"),
+        ("bound", "4·m·u", lambda v: f"{v:.1e}"), ("reason", "skipped because", str),
     ]))
     print(f"\nmeasured on {common.machine_line(where)}\nwrote {out / 'pinv.csv'}")
     return rows

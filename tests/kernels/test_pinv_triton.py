@@ -197,7 +197,8 @@ def test_aot_compiles_every_size_for_both_architectures(case):
 
 def test_bench_pinv_on_cpu(tmp_path):
     """``python -m lra.bench pinv``: the PyTorch form timed, the fused rows skipped off CUDA with the reason, and the
-    launches of both counted on ``meta`` (1 + 1 fused; 4·n_iter batched matmuls and more for the PyTorch form)."""
+    launches of both counted on ``meta`` (1 + 1 fused; 4·n_iter batched matmuls and more for the PyTorch form), the
+    errors against float64."""
     import csv
 
     from lra.bench.__main__ import main
@@ -211,3 +212,7 @@ def test_bench_pinv_on_cpu(tmp_path):
     assert (fused["launches_fwd"], fused["launches_fwdbwd"]) == ("1", "2")
     assert pytorch["status"] == "ok" and float(pytorch["fwd_s"]) > 0 and float(pytorch["fwdbwd_s"]) > 0
     assert int(pytorch["launches_fwd"]) >= 4 * 2 and int(pytorch["launches_fwdbwd"]) >= 12 * 2
+    # the float32 PyTorch form against itself in float64: within the kernels' tolerance, and not exactly equal
+    assert 0 < float(pytorch["error_fwd"]) <= float(pytorch["bound"]) == 4 * 16 * 2.0**-24
+    assert 0 < float(pytorch["error_grad"]) <= float(pytorch["bound"])
+    assert fused["error_fwd"] == fused["error_grad"] == ""

@@ -200,3 +200,16 @@ def test_backward_of_an_unsaved_forward_says_what_to_call():
     z, _ = pinv_forward(a, None, 2, False)
     with pytest.raises(RuntimeError, match="save=False.*fused_pinv"):
         z.sum().backward()
+
+
+def test_the_benchmarks_error_check_passes_the_kernels_and_fails_plain_tf32(monkeypatch):
+    """``python -m lra.bench pinv``'s accuracy columns (what a GPU run checks beside the times): the kernels within
+    ``4·m·u``, and the same check flags them with plain TF32 dots."""
+    from kernels.pinv import forward
+    from lra.bench.pinv import errors
+
+    checked = errors(fused_pinv, 3, 64, 6, torch.device(DEVICE))
+    assert 0 < checked["error_fwd"] <= checked["bound"] and 0 < checked["error_grad"] <= checked["bound"], checked
+    monkeypatch.setattr(forward, "PRECISION", "tf32")  # read when the interpreter runs a product
+    rounded = errors(fused_pinv, 3, 64, 6, torch.device(DEVICE))
+    assert rounded["error_fwd"] > checked["bound"], rounded
