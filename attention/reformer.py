@@ -34,10 +34,12 @@ Proxyformer table's "Reformer-2*", wraps) draw new rotations at every call, trai
 = eager, a test can hand the same R to a reference: Hugging Face's ``hash_seed``); ``redraw: true`` draws fresh
 ones from the device's generator at every training forward (evaluation keeps the seeded set).
 
-Buckets and chunks: b is a setting, not derived from n. The paper pairs them as m = 2n/b (a chunk holds two
-average buckets); Hugging Face's default b = 2^⌊log2(2⌊n/64⌋)⌋ with m = 64 (32 at ListOps' n = 2000 and at
-1024, 64 at Text's and Retrieval's 4000); reformer-pytorch fixes b = n/m. Any n works: the sequence is padded
-inside to n', a multiple of m.
+Buckets and chunks: the paper pairs them as m = 2n/b (a chunk holds two average buckets); reformer-pytorch fixes
+b = n/m; Hugging Face's ``LSHSelfAttention`` (the layer behind the Proxyformer table's "Reformer-2*"), given no
+bucket count, takes b = 2^⌊log2(2⌊n/m⌋)⌋ from the padded length n of its first input, which LRA's code pads to
+the task's maximum. ``num_buckets: null`` (the default) does the same from ``max_length`` (the task's): with
+m = 64, 32 buckets at ListOps' n = 2000 and at Image's and Pathfinder's 1024, 64 at Text's and Retrieval's 4000;
+an integer sets b. Any n works: the sequence is padded inside to n', a multiple of m.
 
 Padding: pad tokens (``key_mask`` False, and the pads to n') get the bucket b, after every real bucket, so in
 every round they sort after the real tokens. Appending pads therefore leaves each real token's bucket, sorted
@@ -70,14 +72,25 @@ def window(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.roll(1, dims=-3)], dim=-2)
 
 
+def buckets_for_length(max_length: int | None, bucket_size: int) -> int:
+    """Hugging Face's bucket count for sequences padded to ``max_length``: ``2^⌊log2(2⌊n/m⌋)⌋``, at least 2."""
+    if max_length is None:
+        raise ValueError("attention.num_buckets is null, which takes the bucket count from attention.max_length "
+                         "(the task's, ${task.max_length}): set one of them")
+    pairs = 2 * (check_positive_int(max_length, "max_length") // bucket_size)
+    return max(2, 2 ** (pairs.bit_length() - 1)) if pairs else 2
+
+
 class ReformerAttention(nn.Module):
     """Multi-round LSH attention with shared QK (see the module docstring)."""
 
     def __init__(self, num_heads: int, head_dim: int, n_hashes: int = 2, bucket_size: int = 64,
-                 num_buckets: int = 32, redraw: bool = False, seed: int = 0):
+                 num_buckets: int | None = None, max_length: int | None = None, redraw: bool = False, seed: int = 0):
         super().__init__()
         self.n_hashes = check_positive_int(n_hashes, "n_hashes")
         self.bucket_size = check_positive_int(bucket_size, "bucket_size")
+        if num_buckets is None:
+            num_buckets = buckets_for_length(max_length, self.bucket_size)
         if check_positive_int(num_buckets, "num_buckets") % 2:
             raise ValueError(f"attention.num_buckets must be even (h(x) = argmax([xR; -xR]) has 2 buckets per "
                              f"column of R), got {num_buckets}")

@@ -115,8 +115,8 @@ def test_a_token_alone_attends_to_itself():
 
 
 def test_rotations_seeded_and_redrawn_only_in_training():
-    assert torch.equal(ReformerAttention(2, 8, seed=3).rotations, ReformerAttention(2, 8, seed=3).rotations)
-    assert not torch.equal(ReformerAttention(2, 8, seed=3).rotations, ReformerAttention(2, 8, seed=4).rotations)
+    rotations = lambda seed: ReformerAttention(2, 8, num_buckets=32, seed=seed).rotations  # noqa: E731
+    assert torch.equal(rotations(3), rotations(3)) and not torch.equal(rotations(3), rotations(4))
     q, k, v = random_qkv(n=40, d=8, seed=6, dtype=torch.float32)
     mask = torch.ones(2, 40, dtype=torch.bool)
     fixed = ReformerAttention(2, 8, bucket_size=4, num_buckets=8)
@@ -136,11 +136,26 @@ def test_keys_are_the_queries_so_k_proj_gets_a_zero_gradient():
     assert block.q_proj.weight.grad.abs().max() > 0
 
 
-@pytest.mark.parametrize("key, value, match", [("n_hashes", 0, "attention.n_hashes"),
-                                                ("bucket_size", 0, "attention.bucket_size"),
-                                                ("num_buckets", 0, "attention.num_buckets"),
-                                                ("num_buckets", 5, "attention.num_buckets must be even"),
-                                                ("redraw", 1, "attention.redraw")])
-def test_bad_settings_name_their_key(key, value, match):
+@pytest.mark.parametrize("settings, match", [({"n_hashes": 0}, "attention.n_hashes"),
+                                             ({"bucket_size": 0}, "attention.bucket_size"),
+                                             ({"num_buckets": 0}, "attention.num_buckets"),
+                                             ({"num_buckets": 5}, "attention.num_buckets must be even"),
+                                             ({"redraw": 1}, "attention.redraw"),
+                                             ({"num_buckets": None, "max_length": 0}, "attention.max_length")])
+def test_bad_settings_name_their_key(settings, match):
     with pytest.raises(ValueError, match=match):
-        ReformerAttention(2, 8, **{key: value})
+        ReformerAttention(2, 8, **{"num_buckets": 4, **settings})
+
+@pytest.mark.parametrize("task, buckets", [("listops", 32), ("text", 64), ("retrieval", 64), ("image", 32),
+                                           ("pathfinder", 32), ("listops_small", 4)])
+def test_the_bucket_count_follows_the_tasks_length_as_hugging_faces(task, buckets):
+    """``num_buckets: null`` (the config's default): Hugging Face's ``_set_num_buckets`` rule for the padded length,
+    ``2^⌊log2(2⌊n/64⌋)⌋``, from ``task.max_length``, as Xiong et al.'s LRA code (Proxyformer's Reformer-2*) pads
+    every input to it; an explicit count still wins."""
+    attn = build_attention(compose_config(["attention=reformer", f"task={task}"]).attention, 2, 8)
+    assert attn.num_buckets == buckets and attn.rotations.shape[-1] == buckets // 2
+    chosen = build_attention(compose_config(["attention=reformer", f"task={task}", "attention.num_buckets=8"]).attention,
+                             2, 8)
+    assert chosen.num_buckets == 8
+    with pytest.raises(ValueError, match="num_buckets is null.*attention.max_length"):
+        ReformerAttention(2, 8)
