@@ -9,11 +9,11 @@
 #      materialised Transformer), then the CUR paper's Fig. 4 shapes: B 64, H 16, d 64, m 64, n 1024..4096
 #      (steps 1-2 time medians of 7 calls after 2 warm-up calls: 10 after 3 before step 2b, whose time came from there)
 #  2b. the kernels of one forward and one backward at n 4096 (B 8, H 2, d 32) of SDPA softmax, CUR, FlashCUR and
-#      Nyström: CUDA ms, launches and grid (programs) per kernel (lra.bench profile --device cuda), then what the
-#      model of lra.bench plan --predict says of the same kernels on this GPU (h100, h200 or a100 by its name), so
-#      predicted and measured stand side by side in summary.md (read them together: the profile prints CUDA kernel
-#      names, the plan operators; our Triton kernels carry the same name in both, ATen's do not; the first run
-#      AOT-compiles the Triton kernels for the occupancy, a minute or two of CPU, hence its doubled timeout)
+#      Nyström: CUDA ms, launches and grid (programs) per kernel (lra.bench profile --device cuda), each phase with
+#      what the model of lra.bench plan --predict says on this GPU (h100, h200 or a100 by its name): measured /
+#      predicted per Triton kernel (same name in both), for ATen's kernels together, and for the phase
+#      (lra/bench/calibrate.py); then the whole plan --predict table (it AOT-compiles the Triton kernels for the
+#      occupancy, a minute or two of CPU, hence its doubled timeout)
 #   3. training samples/s and peak memory, bf16, Text n 4096 and ListOps n 2000, batch 32, in the CUR paper's
 #      Table 2 format (vs the materialised "Transformer" and vs SDPA "FlashAttention"), eager, then compiled
 #   4. model.compile=true trainer=gpu: a few compiled training steps of every variant through lra.train
@@ -69,10 +69,12 @@ if [[ $PART == speed ]]; then
     --head-dim 32 "${REPEATS[@]}" --variants "${VARIANTS[@]}" --variant-overrides --out "$OUT/attention"
   step attention_fig4 "$T" "$PYTHON" -m lra.bench attention "${DEVICE[@]}" --dtype "$DTYPE" --n "${N_FIG4[@]}" "${FIG4[@]}" \
     "${REPEATS[@]}" --variants curformer flashcur --variant-overrides --out "$OUT/attention_fig4"
+  gpu_kind=$(echo "${machine#*GPU }" | grep -oiE 'H100|H200|A100' | head -1 | tr 'A-Z' 'a-z')
+  PREDICT=()  # the profile's kernels beside the time model's (lra/bench/calibrate.py); not in the smoke run (no GPU)
+  [[ -n $gpu_kind && "${GPU_PERF_SMOKE:-0}" != 1 ]] && PREDICT=(--predict "$gpu_kind")
   step profile "$T" "$PYTHON" -m lra.bench profile "${DEVICE[@]}" --dtype "$DTYPE" --variant "${VARIANTS[@]}" --softmax \
-    "${PROFILE[@]}" --top 12
+    "${PROFILE[@]}" --top 12 "${PREDICT[@]}"
   if [[ "${GPU_PERF_SMOKE:-0}" != 1 ]]; then  # no GPU in the smoke run; the AOT compiles of --predict take minutes
-    gpu_kind=$(echo "${machine#*GPU }" | grep -oiE 'H100|H200|A100' | head -1 | tr 'A-Z' 'a-z')
     [[ -n $gpu_kind ]] && step predict "$((2 * T))" "$PYTHON" -m lra.bench plan --predict "$gpu_kind" --n 4096 --batches 8 \
       --variants "${VARIANTS[@]}" --out "$OUT/predict"
   fi

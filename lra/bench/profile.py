@@ -24,7 +24,9 @@ benchmark counts them, custom ops with a registered formula included) and the FL
 
 Several ``--variant`` names are profiled one after the other (one that cannot run here, e.g. FlashCUR without
 CUDA, is reported and skipped); ``--softmax`` adds the SDPA row first, to compare against. Nothing is written to
-disk.
+disk. ``--predict h100|h200|a100`` (CUDA): after each phase, that GPU's predicted times of the same layer
+(``lra.bench plan --predict``) beside the measured ones, kernel by kernel where the names match (our Triton
+kernels), the rest and the phase as totals (:mod:`lra.bench.calibrate`): how far the time model is off.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lra.bench import common
+from lra.bench import calibrate, common, roofline
 from lra.bench.attention import objective
 from lra.bench.cases import Case, build_cases
 
@@ -58,14 +60,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="profiled calls per phase")
     parser.add_argument("--top", type=int, default=15, help="operators (CPU) or kernels (CUDA) listed per phase")
     parser.add_argument("--softmax", action="store_true", help="profile the SDPA row too")
+    parser.add_argument("--predict", choices=sorted(roofline.GPUS),
+                        help="on CUDA: after each phase, this GPU's predicted time (lra.bench plan --predict) against "
+                             "the measured one, kernel by kernel (lra/bench/calibrate.py)")
+    parser.add_argument("--landmarks", type=int, default=64,
+                        help="attention.num_landmarks the prediction plans with (the variants' default 64)")
 
 
 DEVICE_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")  # the chrome trace's categories of GPU activity
 
 
-def profile_phase(step, prepare, calls: int, warmup: int, top: int,
+def profile_phase(step, prepare, calls: int, warmup: int,
                   device: torch.device = torch.device("cpu")) -> tuple[float, list[dict], float | None]:
-    """Median wall seconds of ``step()`` over ``calls`` profiled calls, its ``top`` rows and, on CUDA, the share of
+    """Median wall seconds of ``step()`` over ``calls`` profiled calls, its rows by time and, on CUDA, the share of
     the wall time the GPU spent in kernels (None on CPU); ``prepare()`` runs before each call, outside the profiler
     and the timer.
 
@@ -95,12 +102,12 @@ def profile_phase(step, prepare, calls: int, warmup: int, top: int,
     if cuda:
         rows = kernel_rows(trace, calls)
         busy = sum(row["ms"] for row in rows) / 1e3 / (sum(seconds) / calls)
-        return wall, rows[:top], busy
+        return wall, rows, busy
     whole = sum(us for us, _ in totals.values()) or 1.0
     rows = [{"op": key, "ms": us / 1e3 / calls, "share": us / whole, "calls": count / calls}
             for key, (us, count) in totals.items() if us > 0]
     rows.sort(key=lambda row: row["ms"], reverse=True)
-    return wall, rows[:top], None
+    return wall, rows, None
 
 
 def device_events(prof) -> list[dict]:
@@ -139,8 +146,9 @@ def kernel_rows(events: list[dict], calls: int) -> list[dict]:
     return rows
 
 
-def report(case: Case, n: int, args: argparse.Namespace, device: torch.device) -> None:
-    """Profile one case's forward and backward at length ``n`` and print both tables."""
+def report(case: Case, n: int, args: argparse.Namespace, device: torch.device, variant: common.Variant) -> None:
+    """Profile one case's forward and backward at length ``n`` and print both tables (and with ``--predict`` on CUDA
+    each phase's predicted against measured kernels, :mod:`lra.bench.calibrate`)."""
     inputs = case.make_inputs(n)
     leaves = [t for t in inputs if t.requires_grad] + [p for p in (case.module.parameters() if case.module else [])
                                                        if p.requires_grad]
@@ -162,8 +170,11 @@ def report(case: Case, n: int, args: argparse.Namespace, device: torch.device) -
     flops_fwd = common.count_flops(forward)
     flops_bwd = common.count_flops(lambda: (prepare_backward(), backward())) - flops_fwd
     phases = (("forward", forward, lambda: None, flops_fwd), ("backward", backward, prepare_backward, flops_bwd))
+    gpu = roofline.GPUS[args.predict] if args.predict and device.type == "cuda" else None
+    predictions = calibrate.predicted(variant, argparse.Namespace(**{**vars(args), "n": n}), args.batch, gpu) if gpu else {}
     for phase, step, prepare, flops in phases:
-        seconds, rows, busy = profile_phase(step, prepare, args.repeats, args.warmup, args.top, device)
+        seconds, all_rows, busy = profile_phase(step, prepare, args.repeats, args.warmup, device)
+        rows = all_rows[:args.top]
         print(f"\n{case.level}/{case.label} n={n} {phase}: {seconds * 1e3:.2f} ms per call, "
               f"{flops / 1e9:.3f} GFLOP, {flops / seconds / 1e9:.1f} GFLOP/s"
               + (f", GPU busy {100 * busy:.0f} % of it" if busy is not None else ""))
@@ -178,6 +189,8 @@ def report(case: Case, n: int, args: argparse.Namespace, device: torch.device) -
             ("share", "share", lambda v: f"{100 * v:.1f} %"), ("calls", "calls", lambda v: f"{v:g}"),
             ("programs", "programs", str), ("threads", "threads", str),
         ]))
+        if gpu is not None:
+            calibrate.print_comparison(calibrate.compare(all_rows, predictions.get(phase, {})), gpu)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -205,5 +218,8 @@ def run(args: argparse.Namespace) -> None:
                        and not any(case is seen for seen in chosen)]
         if not any(target is seen for seen in chosen):
             chosen.append(target)
+    if args.predict and device.type != "cuda":
+        print(f"[bench] --predict compares with kernels measured on CUDA; on {device} it prints no comparison", flush=True)
+    by_label = {variant.label: variant for variant in variants}
     for case in chosen:
-        report(case, args.n, args, device)
+        report(case, args.n, args, device, by_label[case.label])

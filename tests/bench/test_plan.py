@@ -159,3 +159,28 @@ def test_the_pseudo_inverse_is_priced_in_its_kernels_dot_precision():
     forward_unit = priced["_pinv_fwd"][1]
     gpu = roofline.GPUS["h200"]
     assert roofline.UNIT_PEAK[forward_unit](gpu) == gpu.tf32 / 3
+
+
+def test_profile_predict_joins_the_plans_kernels_by_their_cuda_names():
+    """``lra.bench profile --predict``'s join (lra/bench/calibrate.py) on the planned CURformer layer: a measured
+    kernel named as the Triton function meets its prediction; the cuBLAS and elementwise kernels, named otherwise,
+    fall in ``other``; ``phase`` holds every kernel, measured and predicted."""
+    from lra.bench import calibrate
+
+    args = argparse.Namespace(n=1024, heads=2, head_dim=32, landmarks=64, dtype="bf16", variants=None,
+                              variant_overrides=[])
+    gpu = roofline.GPUS["h200"]
+    predicted = calibrate.predicted(common.Variant("curformer"), args, 8, gpu, aot=False)
+    backward = predicted["backward"]
+    assert {"_pinv_bwd_steps", "_pinv_bwd_grad"} <= set(backward) and "_pinv_fwd" in predicted["forward"]
+    measured = [{"op": "_pinv_bwd_steps", "ms": 0.1}, {"op": "sm90_xmma_gemm_bf16bf16_bf16f32", "ms": 0.02},
+                {"op": "_pinv_bwd_grad", "ms": 0.01}]
+    rows = {row["kernel"]: row for row in calibrate.compare(measured, backward)}
+    steps = rows["_pinv_bwd_steps"]
+    assert steps["predicted_ms"] == pytest.approx(backward["_pinv_bwd_steps"] * 1e3)
+    assert steps["ratio"] == pytest.approx(0.1 / steps["predicted_ms"])
+    joined = backward["_pinv_bwd_steps"] + backward["_pinv_bwd_grad"]
+    assert rows["other"]["measured_ms"] == pytest.approx(0.02)
+    assert rows["other"]["predicted_ms"] == pytest.approx((sum(backward.values()) - joined) * 1e3)
+    assert rows["phase"]["measured_ms"] == pytest.approx(0.13)
+    assert rows["phase"]["predicted_ms"] == pytest.approx(sum(backward.values()) * 1e3)
