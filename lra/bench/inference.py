@@ -21,9 +21,9 @@ per (variant, n), started by :func:`lra.bench.train.run_worker`) builds the real
 - **MEM**: the peak of tensor memory allocated during one more forward above what was allocated before it (the
   parameters and the input batch), divided by ``batch``. On CUDA ``torch.cuda.max_memory_allocated`` after a
   reset (:func:`lra.bench.common.cuda_peak_bytes`); on CPU the same count from the profiler's allocation events
-  (:func:`cpu_peak_bytes`). Parameters are left out because they do not grow with the batch. Neither count sees
-  memory a library allocates outside torch's allocator (MKL's GEMM packing buffers on CPU, cuBLAS workspaces on
-  CUDA are in torch's pool and counted).
+  (:func:`cpu_peak_bytes`). Parameters are left out because they do not grow with the batch; so is what the
+  warm-up left allocated (cuBLAS's workspace on CUDA). The CPU count does not see memory a library takes outside
+  torch's allocator (MKL's GEMM packing buffers).
 - ``rss_infer_bytes`` (CPU cross-check): the process's peak resident set over the warm-up and timed forwards
   (Linux ``VmHWM``, reset after the model and batch were built) above the resident set then. Only inference runs
   in this process, so no freed training heap hides it; it also counts allocator slack and library buffers.
