@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of the efficient-attention speed table, in two parts that each fit a short GPU loan:
 # `scripts/gpu_perf.sh speed [OUT_DIR]` (the default, about 6 minutes on an H100/H200): steps 1-3 eager and the
-# kernel profile (2b); `scripts/gpu_perf.sh compiled [OUT_DIR]` (about 6 more): step 3 compiled, steps 4-5.
+# kernel profile (2b); `scripts/gpu_perf.sh compiled [OUT_DIR]` (about 10 more): step 3b, step 3 compiled, steps 4-5.
 #   1. kernel launches per attention layer forward + backward (meta device, as the CUDA path runs), the launch plan
 #      (lra.bench plan: grid, serial loop and dtypes of each kernel, to read beside the profile of 2b), and the fused
 #      pseudo-inverse against its PyTorch form (lra.bench pinv)
@@ -16,6 +16,8 @@
 #      occupancy, a minute or two of CPU, hence its doubled timeout)
 #   3. training samples/s and peak memory, bf16, Text n 4096 and ListOps n 2000, batch 32, in the CUR paper's
 #      Table 2 format (vs the materialised "Transformer" and vs SDPA "FlashAttention"), eager, then compiled
+#   3b. (compiled part, first) Proxyformer's Table 2: 6 encoder layers, inference memory per sequence and throughput
+#      at n 2048 / 4096, every row at that table's settings, x the materialised Transformer (lra.bench train --inference)
 #   4. model.compile=true trainer=gpu: a few compiled training steps of every variant through lra.train
 #   5. python -m lra.bench.gpu_check --only kernels meta (FlashCUR/FlashL1 vs references, host-sync check)
 # Each step runs under `timeout`; a step that fails or times out is reported and the next one runs. Everything
@@ -34,12 +36,12 @@ SUMMARY="$OUT/summary.md"
 if [[ "${GPU_PERF_SMOKE:-0}" == 1 ]]; then  # tiny shapes on the CPU: checks the commands, measures nothing
   DEVICE=(--device cpu --threads 1) ; DTYPE=fp32 ; N_ATTN=(64 128) ; N_FIG4=(64) ; FIG4=(--batch 2 --heads 2 --head-dim 16)
   TEXT=(--n 128 --batch 2) ; LISTOPS=(--n 128 --batch 2) ; STEPS=(--steps 1 --warmup 0) ; REPEATS=(--warmup 0 --repeats 1)
-  PROFILE=(--n 64 --batch 2 --heads 2 --head-dim 16 --warmup 0 --repeats 1)
+  PROFILE=(--n 64 --batch 2 --heads 2 --head-dim 16 --warmup 0 --repeats 1) ; TABLE2=(--n 128 --batch 2)
   TRAIN_STEPS=2 ; TASK=listops_small ; T=${GPU_PERF_STEP_TIMEOUT:-600} ; ONLY_CHECK=()
 else
   DEVICE=(--device cuda) ; DTYPE=bf16 ; N_ATTN=(1024 4096 16384) ; N_FIG4=(1024 2048 4096) ; FIG4=(--batch 64 --heads 16 --head-dim 64)
   TEXT=(--n 4096 --batch 32) ; LISTOPS=(--n 2000 --batch 32) ; STEPS=(--steps 10 --warmup 3) ; REPEATS=(--warmup 2 --repeats 7)
-  PROFILE=(--n 4096 --batch 8 --heads 2 --head-dim 32 --warmup 2 --repeats 3)
+  PROFILE=(--n 4096 --batch 8 --heads 2 --head-dim 32 --warmup 2 --repeats 3) ; TABLE2=(--n 2048 4096 --batch 32)
   TRAIN_STEPS=20 ; TASK=listops_small ; T=${GPU_PERF_STEP_TIMEOUT:-150} ; ONLY_CHECK=(--only kernels meta)
 fi
 VARIANTS=(curformer flashcur nystromformer)
@@ -83,6 +85,11 @@ if [[ $PART == speed ]]; then
   step train_listops "$T" "$PYTHON" -m lra.bench train "${DEVICE[@]}" --dtype "$DTYPE" --task listops "${LISTOPS[@]}" "${STEPS[@]}" \
     --variants "${VARIANTS[@]}" --variant-overrides --out "$OUT/train_listops"
 else
+  # Proxyformer's Table 2 (6 layers, inference memory per sequence and throughput, x the materialised Transformer),
+  # every row at that table's settings; float32, as the Nyströmformer LRA code behind the table runs its attention
+  step table2_inference "$((4 * T))" "$PYTHON" -m lra.bench train --inference "${DEVICE[@]}" --dtype fp32 --task text \
+    "${TABLE2[@]}" "${STEPS[@]}" --experiment proxyformer_table1 \
+    --variant-overrides nystromformer:num_landmarks=128,conv_kernel_size=null --out "$OUT/table2_inference"
   step train_text_compiled "$T" "$PYTHON" -m lra.bench train "${DEVICE[@]}" --dtype "$DTYPE" --task text "${TEXT[@]}" \
     "${STEPS[@]}" --variants curformer flashcur --variant-overrides --compile --out "$OUT/train_text_compiled"
   for variant in $("$PYTHON" -c "from lra.bench import common; print(' '.join(common.discover_variants()))"); do
