@@ -3,8 +3,8 @@ problem in one program, forward and backward), a C++ kernel for the CPU and the 
 "Pseudo-inverse").
 
 * :mod:`kernels.pinv.forward`: the init ``Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞)`` and the steps, one launch.
-* :mod:`kernels.pinv.backward`: ``∂L/∂A`` through every step and the init's norms, two launches (the serial chain,
-  then the sum of ``∂A``'s terms).
+* :mod:`kernels.pinv.backward`: ``∂L/∂A`` through every step and the init's norms, three launches (each step's
+  terms recomputed from the kept iterates, all steps at once; the serial chain; the sum of ``∂A``'s terms).
 * :mod:`kernels.pinv.launch`: block size and warps per ``m`` (what ``tests/kernels/test_pinv_triton.py`` compiles),
   the launch.
 * :mod:`kernels.pinv.ops`: the ``torch.library`` custom ops (``lra_pinv::*``, fake implementations, autograd, FLOP

@@ -1,21 +1,25 @@
 """Backward kernels of the fused pseudo-inverse: ``∂L/∂A`` through all ``n_iter`` steps and ``Z₀``'s scale.
 
-Notation of :mod:`kernels.pinv.forward`, whose ``SAVED`` holds every step's ``Z, AZ, inner, S`` (nothing is
-recomputed here). From ``G = ∂L/∂Z_{n_iter}``, for ``k = n_iter − 1 … 0``, the chain rule of
-:class:`kernels.pinv.ops.Iterations`::
+Notation of :mod:`kernels.pinv.forward`, which keeps the iterates ``Z_0 … Z_{n_iter−1}`` (``ITERATES``). From
+``G = ∂L/∂Z_{n_iter}``, for ``k = n_iter − 1 … 0``, the chain rule of :class:`kernels.pinv.ops.Iterations`::
 
     ∂S = Zᵀ G                       ∂inner = −¼ (AZ)ᵀ ∂S
     ∂(AZ) = −¼ ∂S innerᵀ − ∂inner Wᵀ + (AZ)ᵀ ∂inner       (W = 7I − AZ: −∂inner Wᵀ = −7 ∂inner + ∂inner (AZ)ᵀ)
     ∂A += ∂(AZ) Zᵀ                   G ← G Sᵀ + Aᵀ ∂(AZ)                 (then G = ∂L/∂Z₀)
 
-Two kernels, one program per problem each; every product reads its operands from global memory as the forward's
+Three kernels; every product reads its operands from tiles in global memory as the forward's
 (:func:`kernels.pinv.forward.product`, :func:`~kernels.pinv.forward.publish`):
 
-* ``_pinv_bwd_steps`` walks the steps, serial in ``G``: seven products a step, ``G``, ``∂S``, ``∂inner`` and
-  ``G Sᵀ`` written to the problem's ``WORK`` ``(4, BLOCK, BLOCK)`` for the products that read them (so one
-  accumulator is live at a time), ``∂(AZ)_k`` to ``DAZ``; ``G₀`` is left in
-  ``WORK``'s first place.
-* ``_pinv_bwd_grad`` sums ``∂A = Σ_k ∂(AZ)_k Z_kᵀ`` (one product a step, the steps independent) and adds
+* ``_pinv_bwd_terms``, one program per problem and step (all steps at once: each needs only its ``Z_k``):
+  ``A`` and ``AZ_k, inner_k, S_k`` by the forward's own code (:func:`kernels.pinv.forward.step_terms`, so the
+  same numbers) into ``TERMS`` ``(P, n_iter, 4, BLOCK, BLOCK)``: three products a step, off the serial path, in a
+  scratch that lives only through this backward (the forward keeps the iterates alone: ``n_iter`` tiles a problem
+  across every layer's forward and backward, where keeping the terms too took four times that).
+* ``_pinv_bwd_steps``, one program per problem, walks the steps, serial in ``G``: seven products a step, ``G``,
+  ``∂S``, ``∂inner`` and ``G Sᵀ`` written to the problem's ``WORK`` ``(4, BLOCK, BLOCK)`` for the products that read
+  them (one accumulator is live at a time), ``∂(AZ)_k`` over ``inner_k`` in ``TERMS``; ``G₀`` is left in ``WORK``'s
+  first place.
+* ``_pinv_bwd_grad``, one program per problem, sums ``∂A = Σ_k ∂(AZ)_k Z_kᵀ`` (one product a step) and adds
   ``Z₀ = Aᵀ / norm``'s terms: ``∂A += G₀ᵀ / norm`` and ``∂norm = −Σ G₀ ⊙ Z₀ / norm``. With a global norm (passed
   in) ``∂norm`` is written per problem and PyTorch sums it and differentiates the norm. Per problem (``norm =
   max(c·r, tiny)``, ``c = max_j Σ_i |a_ij|``, ``r = max_i Σ_j |a_ij|``) it finishes as autograd does through the
@@ -26,9 +30,9 @@ Two kernels, one program per problem each; every product reads its operands from
 
   (the norm is not detached).
 
-Eight products a step in all, O(n_iter · m³) per problem, in the forward's 3xTF32 dots
+Eleven products a step in all, O(n_iter · m³) per problem, in the forward's 3xTF32 dots
 (:data:`kernels.pinv.forward.PRECISION`). Layouts as the forward; ``DZ, DA`` ``(P, m, m)``, ``WORK``
-``(P, 4, BLOCK, BLOCK)``, ``DAZ`` ``(P, n_iter, m, m)`` contiguous, ``DNORM`` ``(P,)``.
+``(P, 4, BLOCK, BLOCK)`` contiguous, ``DNORM`` ``(P,)``.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.pinv.forward import (SAVED_PER_STEP, TINY, load_square, load_tile, norms, product, publish, square_offsets,
-                                  start_norm)
+from kernels.pinv.forward import (TINY, load_square, load_tile, norms, product, publish, square_offsets, start_norm,
+                                  step_terms)
+
+TERMS_PER_STEP = tl.constexpr(4)  # A, AZ, S (W before it), inner (then ∂(AZ)) of one step
 
 
 @triton.jit
@@ -48,20 +54,33 @@ def _tied_share(sums, top):
 
 
 @triton.jit
-def _pinv_bwd_steps(SAVED, DZ, WORK, DAZ, M, N_ITER, BLOCK: tl.constexpr):
+def _pinv_bwd_terms(A, ITERATES, TERMS, M, N_ITER, BLOCK: tl.constexpr):
+    """One program: ``A, AZ_k, S_k, inner_k`` of problem ``program_id(0)``, step ``program_id(1)``."""
+    pid = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1)
+    square, inside, eye = square_offsets(M, BLOCK)
+    tile = BLOCK * BLOCK
+    a = TERMS + (pid * N_ITER + k) * TERMS_PER_STEP * tile
+    publish(a, load_square(A + pid * M * M, square, inside), BLOCK)
+    step_terms(a, ITERATES + (pid * N_ITER + k) * tile, a + tile, a + 2 * tile, a + 3 * tile, eye, BLOCK)
+
+
+@triton.jit
+def _pinv_bwd_steps(ITERATES, TERMS, DZ, WORK, M, N_ITER, BLOCK: tl.constexpr):
     """One program: the serial chain of problem ``program_id(0)``, writing each ``∂(AZ)_k`` and ``G₀``."""
     pid = tl.program_id(0).to(tl.int64)
     square, inside, _ = square_offsets(M, BLOCK)
     tile = BLOCK * BLOCK
-    a = SAVED + pid * (1 + N_ITER * SAVED_PER_STEP) * tile  # A, then every step's Z, AZ, inner, S
+    a = TERMS + pid * N_ITER * TERMS_PER_STEP * tile  # A (step 0's copy)
     g = WORK + pid * 4 * tile  # G, then ∂S, ∂inner and G Sᵀ of the step
     grad_step, grad_inner, g_next = g + tile, g + 2 * tile, g + 3 * tile
     zero = tl.zeros([BLOCK, BLOCK], tl.float32)
     publish(g, load_square(DZ + pid * M * M, square, inside), BLOCK)
     for i in range(N_ITER):
         k = N_ITER - 1 - i
-        z = a + (1 + k * SAVED_PER_STEP) * tile
-        az, inner, step_matrix = z + tile, z + 2 * tile, z + 3 * tile
+        z = ITERATES + (pid * N_ITER + k) * tile
+        az = a + k * TERMS_PER_STEP * tile + tile
+        step_matrix, inner = az + tile, az + 2 * tile
         publish(grad_step, product(z, True, g, False, zero, BLOCK), BLOCK)  # ∂S = Zᵀ G
         publish(g_next, product(g, False, step_matrix, True, zero, BLOCK), BLOCK)  # G Sᵀ
         publish(grad_inner, -0.25 * product(az, True, grad_step, False, zero, BLOCK), BLOCK)  # ∂inner = −¼ (AZ)ᵀ ∂S
@@ -70,23 +89,22 @@ def _pinv_bwd_steps(SAVED, DZ, WORK, DAZ, M, N_ITER, BLOCK: tl.constexpr):
         grad_az = -0.25 * grad_az - 7.0 * load_tile(grad_inner, BLOCK, False)
         grad_az = product(grad_inner, False, az, True, grad_az, BLOCK)
         grad_az = product(az, True, grad_inner, False, grad_az, BLOCK)
-        grad_az_k = DAZ + (pid * N_ITER + k) * tile
-        publish(grad_az_k, grad_az, BLOCK)
-        g_sum = product(a, True, grad_az_k, False, load_tile(g_next, BLOCK, False), BLOCK)  # G Sᵀ + Aᵀ ∂(AZ)
+        publish(inner, grad_az, BLOCK)  # ∂(AZ)_k in inner_k's place, read by _pinv_bwd_grad
+        g_sum = product(a, True, inner, False, load_tile(g_next, BLOCK, False), BLOCK)  # G Sᵀ + Aᵀ ∂(AZ)
         publish(g, g_sum, BLOCK)
 
 
 @triton.jit
-def _pinv_bwd_grad(A, NORM, SAVED, WORK, DAZ, DA, DNORM, M, N_ITER, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr):
+def _pinv_bwd_grad(A, NORM, ITERATES, TERMS, WORK, DA, DNORM, M, N_ITER, BLOCK: tl.constexpr,
+                   HAS_NORM: tl.constexpr):
     """One program: ``∂L/∂A`` of problem ``program_id(0)`` (and its ``∂L/∂norm`` with a global norm)."""
     pid = tl.program_id(0).to(tl.int64)
     square, inside, _ = square_offsets(M, BLOCK)
     tile = BLOCK * BLOCK
-    steps = SAVED + pid * (1 + N_ITER * SAVED_PER_STEP) * tile + tile
     grad_a = tl.zeros([BLOCK, BLOCK], tl.float32)
     for k in range(N_ITER):  # + ∂(AZ)_k Z_kᵀ
-        grad_a = product(DAZ + (pid * N_ITER + k) * tile, False, steps + k * SAVED_PER_STEP * tile, True, grad_a,
-                         BLOCK)
+        grad_az = TERMS + ((pid * N_ITER + k) * TERMS_PER_STEP + 3) * tile
+        grad_a = product(grad_az, False, ITERATES + (pid * N_ITER + k) * tile, True, grad_a, BLOCK)
     a = load_square(A + pid * M * M, square, inside)
     g_t = load_tile(WORK + pid * 4 * tile, BLOCK, True)  # G₀ᵀ
     norm = start_norm(a, NORM, HAS_NORM)

@@ -20,13 +20,14 @@ cores (~22 mantissa bits; within the float32 tolerances of ``tests/kernels/test_
 interpreter runs emulate it); plain TF32's 10-bit mantissa stalls the iteration at ~1e-3. Zero padding is exact:
 the norms of the padded matrix are ``A``'s, and every iterate keeps zero rows and columns past ``m``.
 
-``_pinv_fwd`` writes ``Z_{n_iter}``; each step's ``Z, AZ, inner, S`` go to ``SAVED`` (``W`` passes through ``S``'s
-place before ``S`` overwrites it). When ``SAVE`` (autograd will need them) every step has its own four places,
-what :mod:`kernels.pinv.backward` reads (so it recomputes no product); otherwise the steps share one set, a scratch.
-The shared pieces (:func:`square_offsets`, :func:`load_square`, :func:`publish`, :func:`product`, :func:`norms`,
-:func:`start_norm`) serve the backward kernels too. Layouts: ``A, Z`` ``(P, m, m)`` contiguous, ``SAVED``
-``(P, n_iter, 4, m, m)`` (``SAVE``) or ``(P, 1, 4, m, m)`` contiguous, ``NORM`` one float32 (global init). Offsets
-are int64 (``P · n_iter · 4 m²`` may pass 2³¹).
+``_pinv_fwd`` writes ``Z_{n_iter}`` and, when ``SAVE`` (autograd will need them), the iterates ``Z_0 … Z_{n_iter−1}``
+to ``ITERATES``: what :mod:`kernels.pinv.backward` keeps from forward to backward, ``n_iter`` tiles a problem (its
+:func:`step_terms` recomputes ``AZ, inner, S`` from them, all steps at once). Each step's ``A, AZ, W → S, inner``
+(and ``Z`` without ``SAVE``) are tiles of the program's ``WORK``. The shared pieces (:func:`square_offsets`,
+:func:`load_square`, :func:`load_tile`, :func:`publish`, :func:`product`, :func:`step_terms`, :func:`norms`,
+:func:`start_norm`) serve the backward kernels too. Layouts: ``A, Z`` ``(P, m, m)``, ``ITERATES``
+``(P, n_iter, BLOCK, BLOCK)``, ``WORK`` ``(P, 5, BLOCK, BLOCK)``, contiguous; ``NORM`` one float32 (global init).
+Offsets are int64 (``P · n_iter · BLOCK²`` may pass 2³¹).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import triton.language as tl
 TINY = tl.constexpr(1.1754943508222875e-38)
 PRECISION = tl.constexpr("tf32x3")  # every product's dots (module doc); lra.bench's time model reads it
 K_CHUNK = tl.constexpr(16)  # the K extent of one dot in a product (tl.dot's least)
-SAVED_PER_STEP = tl.constexpr(4)  # Z, AZ, inner, S
 
 
 @triton.jit
@@ -119,24 +119,36 @@ def start_norm(a, NORM, HAS_NORM: tl.constexpr):
 
 
 @triton.jit
-def _pinv_fwd(A, NORM, Z, SAVED, M, N_ITER, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr, SAVE: tl.constexpr):
+def step_terms(a, z, az, s, inner, eye, BLOCK: tl.constexpr):
+    """One step's terms from the tiles ``A`` at ``a`` and ``Z`` at ``z``: ``AZ = A Z`` to ``az``, ``W = 7I − AZ`` to
+    ``s``, ``inner = 15I − AZ W`` to ``inner``, then ``S = 3.25I − ¼ AZ inner`` over ``W`` at ``s``. The forward and
+    the backward's recomputation run this same code, so they form the same numbers."""
+    zero = tl.zeros([BLOCK, BLOCK], tl.float32)
+    product_az = product(a, False, z, False, zero, BLOCK)
+    publish(az, product_az, BLOCK)
+    publish(s, tl.where(eye, 7.0 - product_az, -product_az), BLOCK)
+    publish(inner, tl.where(eye, 15.0, 0.0) - product(az, False, s, False, zero, BLOCK), BLOCK)
+    publish(s, tl.where(eye, 3.25, 0.0) - 0.25 * product(az, False, inner, False, zero, BLOCK), BLOCK)
+
+
+@triton.jit
+def _pinv_fwd(A, NORM, Z, ITERATES, WORK, M, N_ITER, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
+              SAVE: tl.constexpr):
     """One program: problem ``program_id(0)``, init and all ``N_ITER`` steps."""
     pid = tl.program_id(0).to(tl.int64)
     square, inside, eye = square_offsets(M, BLOCK)
     tile = BLOCK * BLOCK
-    a = load_square(A + pid * M * M, square, inside)
-    kept = SAVED + pid * (1 + (N_ITER if SAVE else 1) * SAVED_PER_STEP) * tile  # A, then the steps
-    publish(kept, a, BLOCK)
-    z = tl.trans(a) / start_norm(a, NORM, HAS_NORM)
-    zero = tl.zeros([BLOCK, BLOCK], tl.float32)
+    a_tile = load_square(A + pid * M * M, square, inside)
+    a = WORK + pid * 5 * tile  # then AZ, W → S, inner, and Z without SAVE
+    az, s, inner = a + tile, a + 2 * tile, a + 3 * tile
+    publish(a, a_tile, BLOCK)
+    z_tile = tl.trans(a_tile) / start_norm(a_tile, NORM, HAS_NORM)
     for k in range(N_ITER):
-        step = kept + (1 + (k if SAVE else 0) * SAVED_PER_STEP) * tile  # Z, AZ, inner, S of step k
-        z_k, az_k, inner_k, s_k = step, step + tile, step + 2 * tile, step + 3 * tile
-        publish(z_k, z, BLOCK)
-        az = product(kept, False, z_k, False, zero, BLOCK)  # AZ = A Z
-        publish(az_k, az, BLOCK)
-        publish(s_k, tl.where(eye, 7.0 - az, -az), BLOCK)  # W = 7I − AZ, in S's place until S is formed
-        publish(inner_k, tl.where(eye, 15.0, 0.0) - product(az_k, False, s_k, False, zero, BLOCK), BLOCK)
-        publish(s_k, tl.where(eye, 3.25, 0.0) - 0.25 * product(az_k, False, inner_k, False, zero, BLOCK), BLOCK)
-        z = product(z_k, False, s_k, False, zero, BLOCK)  # Z ← Z S
-    tl.store(Z + pid * M * M + square, z, mask=inside)
+        if SAVE:
+            z = ITERATES + (pid * N_ITER + k) * tile
+        else:
+            z = a + 4 * tile
+        publish(z, z_tile, BLOCK)
+        step_terms(a, z, az, s, inner, eye, BLOCK)
+        z_tile = product(z, False, s, False, tl.zeros([BLOCK, BLOCK], tl.float32), BLOCK)  # Z ← Z S
+    tl.store(Z + pid * M * M + square, z_tile, mask=inside)

@@ -24,15 +24,17 @@ from kernels.pinv import backward, forward
 
 MAX_M = 64
 CHECKED_CAPABILITIES = (80, 90)
-WARPS = {"_pinv_fwd": {16: 4, 32: 4, 64: 8}, "_pinv_bwd_steps": {16: 4, 32: 8, 64: 8},
-         "_pinv_bwd_grad": {16: 4, 32: 8, 64: 16}}
+WARPS = {"_pinv_fwd": {16: 4, 32: 4, 64: 16}, "_pinv_bwd_terms": {16: 4, 32: 8, 64: 8},
+         "_pinv_bwd_steps": {16: 4, 32: 8, 64: 8}, "_pinv_bwd_grad": {16: 4, 32: 8, 64: 16}}
 POINTER_TYPES = {
-    "_pinv_fwd": {"A": "*fp32", "NORM": "*fp32", "Z": "*fp32", "SAVED": "*fp32"},
-    "_pinv_bwd_steps": {"SAVED": "*fp32", "DZ": "*fp32", "WORK": "*fp32", "DAZ": "*fp32"},
-    "_pinv_bwd_grad": {"A": "*fp32", "NORM": "*fp32", "SAVED": "*fp32", "WORK": "*fp32", "DAZ": "*fp32",
+    "_pinv_fwd": {"A": "*fp32", "NORM": "*fp32", "Z": "*fp32", "ITERATES": "*fp32", "WORK": "*fp32"},
+    "_pinv_bwd_terms": {"A": "*fp32", "ITERATES": "*fp32", "TERMS": "*fp32"},
+    "_pinv_bwd_steps": {"ITERATES": "*fp32", "TERMS": "*fp32", "DZ": "*fp32", "WORK": "*fp32"},
+    "_pinv_bwd_grad": {"A": "*fp32", "NORM": "*fp32", "ITERATES": "*fp32", "TERMS": "*fp32", "WORK": "*fp32",
                        "DA": "*fp32", "DNORM": "*fp32"},
 }
 KERNELS = tuple(POINTER_TYPES)
+FORWARD_TILES, TERMS_TILES, BACKWARD_TILES = 5, backward.TERMS_PER_STEP.value, 4  # WORK / TERMS tiles (module docs)
 
 
 def takes(m: int) -> bool:
@@ -45,11 +47,10 @@ def block_size(m: int) -> int:
     return max(MIN_DOT, triton.next_power_of_2(m))
 
 
-def saved_shape(problems: int, m: int, steps: int) -> tuple[int, int, int, int]:
-    """What the forward writes for ``steps`` steps: ``A``, then each step's ``Z, AZ, inner, S``, every one a
-    zero-padded ``BLOCK × BLOCK`` tile."""
+def tiles(problems: int, m: int, *count: int) -> tuple[int, ...]:
+    """The shape of ``count`` zero-padded ``BLOCK × BLOCK`` tiles per problem: ``(P, *count, BLOCK, BLOCK)``."""
     block = block_size(m)
-    return problems, 1 + forward.SAVED_PER_STEP.value * steps, block, block
+    return problems, *count, block, block
 
 
 def launch_config(kernel: str, m: int, has_norm: bool, save: bool = False) -> LaunchConfig:
@@ -57,7 +58,7 @@ def launch_config(kernel: str, m: int, has_norm: bool, save: bool = False) -> La
     if not takes(m):
         raise ValueError(f"the fused pseudo-inverse takes 1 <= m <= {MAX_M}, got m = {m}")
     constexprs = {"BLOCK": block_size(m)}
-    if kernel != "_pinv_bwd_steps":
+    if kernel in ("_pinv_fwd", "_pinv_bwd_grad"):
         constexprs["HAS_NORM"] = has_norm
     if kernel == "_pinv_fwd":
         constexprs["SAVE"] = save
@@ -70,9 +71,10 @@ def kernel_function(kernel: str):
 
 
 def launch(kernel: str, problems: int, config: LaunchConfig, *args, n_iter: int) -> None:
-    """One program per problem, each running the ``n_iter`` iterations serially; under the interpreter the tensors'
-    types are checked against :data:`POINTER_TYPES`."""
-    common.launch(kernel_function(kernel), (problems,), config, POINTER_TYPES[kernel], *args, loop=("iterations", n_iter))
+    """One program per problem running the ``n_iter`` steps serially, or for ``_pinv_bwd_terms`` one per problem and
+    step; under the interpreter the tensors' types are checked against :data:`POINTER_TYPES`."""
+    grid, loop = ((problems, n_iter), ("none", 1)) if kernel == "_pinv_bwd_terms" else ((problems,), ("iterations", n_iter))
+    common.launch(kernel_function(kernel), grid, config, POINTER_TYPES[kernel], *args, loop=loop)
 
 
 def compile_kernel(kernel: str, capability: int, m: int, has_norm: bool = False, save: bool = True) -> aot.Compiled:

@@ -17,21 +17,21 @@ With ``recompute`` the non-fused forms keep only ``a`` for the backward (:class:
 
 The custom ops:
 
-* ``lra_pinv::forward(a, norm, n_iter, save) -> (Z, saved)`` runs ``_pinv_fwd`` of :mod:`kernels.pinv.forward`
-  on ``a`` ``(P, m, m)`` float32: ``Z`` ``(P, m, m)`` after ``n_iter`` steps, and with ``save`` ``A`` and every
-  step's ``Z, AZ, inner, S`` zero-padded to ``BLOCK × BLOCK`` ``(P, 1 + 4 n_iter, BLOCK, BLOCK)`` for the backward
-  (else an empty tensor). ``norm``: None for
-  the per-problem scale of ``Z₀`` (``‖A‖₁ ‖A‖∞``, computed in the kernel), or a one-element float32 tensor,
-  the global scale every problem shares.
-* ``lra_pinv::backward(a, norm, saved, grad_z, n_iter) -> (∂A, ∂norm)`` runs ``_pinv_bwd_steps`` and
-  ``_pinv_bwd_grad`` of :mod:`kernels.pinv.backward`; ``∂norm`` is per problem ``(P,)`` with a global norm (summed
-  here), else empty.
+* ``lra_pinv::forward(a, norm, n_iter, save) -> (Z, iterates)`` runs ``_pinv_fwd`` of :mod:`kernels.pinv.forward`
+  on ``a`` ``(P, m, m)`` float32: ``Z`` ``(P, m, m)`` after ``n_iter`` steps, and with ``save`` the iterates
+  ``Z_0 … Z_{n_iter−1}`` zero-padded to ``BLOCK × BLOCK`` ``(P, n_iter, BLOCK, BLOCK)`` for the backward (else an
+  empty tensor). ``norm``: None for the per-problem scale of ``Z₀`` (``‖A‖₁ ‖A‖∞``, computed in the kernel), or a
+  one-element float32 tensor, the global scale every problem shares.
+* ``lra_pinv::backward(a, norm, iterates, grad_z, n_iter) -> (∂A, ∂norm)`` runs ``_pinv_bwd_terms``,
+  ``_pinv_bwd_steps`` and ``_pinv_bwd_grad`` of :mod:`kernels.pinv.backward`; ``∂norm`` is per problem ``(P,)`` with
+  a global norm (summed here), else empty.
 
 Both have fake implementations (shapes and dtypes: the ``meta`` device, ``torch.compile``'s tracing, where
 each stays one node), and the backward is registered as the forward's autograd formula (no double backward).
-Memory kept for the backward: ``(1 + 4 n_iter) · BLOCK²`` floats per problem (every step's ``Z, AZ, inner, S``; autograd
-through the PyTorch form keeps five ``m × m`` matrices per step), so the backward recomputes no product (eight per
-step; recomputing ``AZ, inner, S`` from the iterates alone cost three more).
+Memory kept for the backward: ``n_iter · BLOCK²`` floats per problem (the iterates; autograd through the PyTorch
+form keeps five ``m × m`` matrices per step); the backward recomputes each step's ``AZ, inner, S`` from them, all
+steps at once and off its serial chain (three of its eleven products per step), rather than keeping four matrices
+per step through every layer's forward and backward.
 :func:`fused_pinv` is their checked entry point (benchmarks, tests); :func:`pinv` calls them unchecked.
 """
 
@@ -69,47 +69,50 @@ def _check_device(a: Tensor) -> None:
 
 @torch.library.custom_op("lra_pinv::forward", mutates_args=())
 def pinv_forward(a: Tensor, norm: Optional[Tensor], n_iter: int, save: bool) -> tuple[Tensor, Tensor]:
-    """``Z_{n_iter}`` of every problem of ``a`` ``(P, m, m)`` and, with ``save``, what the backward reads (``A``
-    and every step's ``Z, AZ, inner, S``, :func:`kernels.pinv.launch.saved_shape`; else an empty tensor)."""
+    """``Z_{n_iter}`` of every problem of ``a`` ``(P, m, m)`` and, with ``save``, the iterates ``Z_0 … Z_{n_iter−1}``
+    the backward reads, zero-padded tiles ``(P, n_iter, BLOCK, BLOCK)`` (else an empty tensor)."""
     _check_device(a)
     problems, m, _ = a.shape
     z = torch.empty_like(a)
-    saved = a.new_empty(launch.saved_shape(problems, m, n_iter if save else 1))  # without save: one step's scratch
+    iterates = a.new_empty(launch.tiles(problems, m, n_iter)) if save else a.new_empty(0)
+    work = a.new_empty(launch.tiles(problems, m, launch.FORWARD_TILES))  # one step's A, AZ, S, inner, Z
     config = launch.launch_config("_pinv_fwd", m, norm is not None, save)
-    # A pointer the launch never dereferences (HAS_NORM false) gets ``a``.
-    launch.launch("_pinv_fwd", problems, config, a, a if norm is None else norm, z, saved, m, n_iter, n_iter=n_iter)
-    return z, saved if save else a.new_empty(0)
+    # Pointers a launch never dereferences (HAS_NORM / SAVE false) get ``a``.
+    launch.launch("_pinv_fwd", problems, config, a, a if norm is None else norm, z, iterates if save else a, work,
+                  m, n_iter, n_iter=n_iter)
+    return z, iterates
 
 
 @pinv_forward.register_fake
 def _(a, norm, n_iter, save):
     problems, m, _ = a.shape
-    return torch.empty_like(a), a.new_empty(launch.saved_shape(problems, m, n_iter)) if save else a.new_empty(0)
+    return torch.empty_like(a), a.new_empty(launch.tiles(problems, m, n_iter)) if save else a.new_empty(0)
 
 
 @torch.library.custom_op("lra_pinv::backward", mutates_args=())
-def pinv_backward(a: Tensor, norm: Optional[Tensor], saved: Tensor, grad_z: Tensor,
+def pinv_backward(a: Tensor, norm: Optional[Tensor], iterates: Tensor, grad_z: Tensor,
                   n_iter: int) -> tuple[Tensor, Tensor]:
     """``∂L/∂A`` ``(P, m, m)`` from ``grad_z = ∂L/∂Z_{n_iter}``, and ``∂L/∂norm`` per problem ``(P,)`` with a
-    global norm: ``_pinv_bwd_steps`` then ``_pinv_bwd_grad`` (:mod:`kernels.pinv.backward`), through a scratch of
-    ``(4 + n_iter) · BLOCK²`` floats per problem."""
+    global norm: ``_pinv_bwd_terms``, ``_pinv_bwd_steps``, ``_pinv_bwd_grad`` (:mod:`kernels.pinv.backward`), through
+    scratch tiles of ``(4 n_iter + 4) · BLOCK²`` floats per problem that live only through this call."""
     _check_device(a)
     problems, m, _ = a.shape
-    block = launch.block_size(m)
-    work = a.new_empty(problems, 4, block, block)  # G (G₀ at the end), ∂S, ∂inner, G Sᵀ
-    grad_az = a.new_empty(problems, n_iter, block, block)
-    launch.launch("_pinv_bwd_steps", problems, launch.launch_config("_pinv_bwd_steps", m, False), saved, grad_z,
-                  work, grad_az, m, n_iter, n_iter=n_iter)
+    terms = a.new_empty(launch.tiles(problems, m, n_iter, launch.TERMS_TILES))  # each step's A, AZ, S, inner
+    work = a.new_empty(launch.tiles(problems, m, launch.BACKWARD_TILES))  # G (G₀ at the end), ∂S, ∂inner, G Sᵀ
+    config = launch.launch_config("_pinv_bwd_terms", m, False)
+    launch.launch("_pinv_bwd_terms", problems, config, a, iterates, terms, m, n_iter, n_iter=n_iter)
+    config = launch.launch_config("_pinv_bwd_steps", m, False)
+    launch.launch("_pinv_bwd_steps", problems, config, iterates, terms, grad_z, work, m, n_iter, n_iter=n_iter)
     grad_a = torch.empty_like(a)
     grad_norm = a.new_empty(problems) if norm is not None else a.new_empty(0)
     launch.launch("_pinv_bwd_grad", problems, launch.launch_config("_pinv_bwd_grad", m, norm is not None),
-                  a, a if norm is None else norm, saved, work, grad_az, grad_a, grad_norm if norm is not None else a,
+                  a, a if norm is None else norm, iterates, terms, work, grad_a, grad_norm if norm is not None else a,
                   m, n_iter, n_iter=n_iter)
     return grad_a, grad_norm
 
 
 @pinv_backward.register_fake
-def _(a, norm, saved, grad_z, n_iter):
+def _(a, norm, iterates, grad_z, n_iter):
     return torch.empty_like(a), a.new_empty(a.shape[0] if norm is not None else 0)
 
 
@@ -121,20 +124,21 @@ def _setup(ctx, inputs, output):
     ctx.n_iter, ctx.saved_iterates = n_iter, save
 
 
-def _grad(ctx, grad_z, _grad_saved):
+def _grad(ctx, grad_z, _grad_iterates):
     if not ctx.saved_iterates:
         raise RuntimeError("lra_pinv::forward ran with save=False, so it kept nothing to differentiate: call "
                            "fused_pinv, which saves the iterates whenever autograd records the call")
-    a, norm, saved = ctx.saved_tensors
-    grad_a, grad_norm = pinv_backward(a, norm, saved, grad_z.contiguous(), ctx.n_iter)
+    a, norm, iterates = ctx.saved_tensors
+    grad_a, grad_norm = pinv_backward(a, norm, iterates, grad_z.contiguous(), ctx.n_iter)
     return grad_a, None if norm is None else grad_norm.sum().reshape(norm.shape), None, None
 
 
 pinv_forward.register_autograd(_grad, setup_context=_setup)
 
 # FLOP formulas for torch.utils.flop_counter (it does not see inside the Triton kernels), 2·m³ per m × m product:
-# a forward step runs four (AZ, AZ·W, AZ·inner, Z·S), a backward step eight (the chain rule; kernels.pinv.backward).
-FORWARD_PRODUCTS, BACKWARD_PRODUCTS = 4, 8
+# a forward step runs four (AZ, AZ·W, AZ·inner, Z·S), a backward step eleven (three recomputing AZ, inner, S, eight of
+# the chain rule; kernels.pinv.backward).
+FORWARD_PRODUCTS, BACKWARD_PRODUCTS = 4, 11
 
 
 @register_flop_formula(torch.ops.lra_pinv.forward)
@@ -144,7 +148,7 @@ def _(a, norm, n_iter, save, *args, out_shape=None, **kwargs) -> int:
 
 
 @register_flop_formula(torch.ops.lra_pinv.backward)
-def _(a, norm, saved, grad_z, n_iter, *args, out_shape=None, **kwargs) -> int:
+def _(a, norm, iterates, grad_z, n_iter, *args, out_shape=None, **kwargs) -> int:
     problems, m, _ = a
     return BACKWARD_PRODUCTS * n_iter * problems * 2 * m**3
 

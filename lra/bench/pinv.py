@@ -4,7 +4,7 @@ For every ``--m`` and ``--problems`` (batch × heads, e.g. 16 = B 8 × H 2): the
 (``torch.no_grad``) and of forward + backward (of ``Z.sum()``) of
 
 * ``fused`` — :func:`kernels.pinv.ops.fused_pinv`, what :func:`attention.pinv.iterative_pinv` runs on CUDA
-  (one launch forward, one backward; CUDA only, a skipped row elsewhere);
+  (one op forward, one backward: four kernels; CUDA only, a skipped row elsewhere);
 * ``pytorch`` — :func:`attention.pinv.pytorch_pinv`, its ``pytorch`` form (on CUDA: about ``4·n_iter``
   batched matmuls forward and ``8·n_iter`` backward, plus the norms);
 

@@ -144,17 +144,19 @@ def test_fourth_rule_flags_a_slow_kernel_on_few_programs():
 
 def test_the_pseudo_inverse_is_priced_in_its_kernels_dot_precision():
     """The planned CUR layer's pseudo-inverse: every product on the tensor cores in 3xTF32 (a third of the TF32 peak),
-    read from the kernels' module; BLOCK³ products per step, four forward and eight backward (seven in the serial
-    kernel, one in the kernel that sums ∂A)."""
+    read from the kernels' module; BLOCK³ products per step, four forward and eleven backward (three recomputing the
+    step's terms on one program per problem and step, seven in the serial kernel, one summing ∂A)."""
     shape = dict(heads=2, head_dim=32, landmarks=64, dtype="bf16", variants=None, variant_overrides=[])
     chosen = common.select_variants(["curformer"], [])[-1]
     kernels = plan_variant(chosen, argparse.Namespace(n=1024, **shape), 8)
     pinv = {k.kernel.split(":")[-1]: k for k in kernels if "_pinv_" in k.kernel}
-    assert set(pinv) == {"_pinv_fwd", "_pinv_bwd_steps", "_pinv_bwd_grad"}
+    assert set(pinv) == {"_pinv_fwd", "_pinv_bwd_terms", "_pinv_bwd_steps", "_pinv_bwd_grad"}
+    assert pinv["_pinv_bwd_terms"].programs == 16 * pinv["_pinv_fwd"].trips  # B·H problems × n_iter steps
     priced = {name: roofline.triton_flops(kernel, (8, 2, 1024, 64, 32)) for name, kernel in pinv.items()}
     assert {unit for _, unit in priced.values()} == {"tf32x3"}
     forward_flops = priced["_pinv_fwd"][0]
     assert forward_flops == 2 * 64**3 * 4 * pinv["_pinv_fwd"].trips * 16  # 16 problems (B·H), n_iter trips
+    assert priced["_pinv_bwd_terms"][0] == forward_flops * 3 / 4
     assert priced["_pinv_bwd_steps"][0] == forward_flops * 7 / 4 and priced["_pinv_bwd_grad"][0] == forward_flops / 4
     forward_unit = priced["_pinv_fwd"][1]
     gpu = roofline.GPUS["h200"]
@@ -172,7 +174,8 @@ def test_profile_predict_joins_the_plans_kernels_by_their_cuda_names():
     gpu = roofline.GPUS["h200"]
     predicted = calibrate.predicted(common.Variant("curformer"), args, 8, gpu, aot=False)
     backward = predicted["backward"]
-    assert {"_pinv_bwd_steps", "_pinv_bwd_grad"} <= set(backward) and "_pinv_fwd" in predicted["forward"]
+    assert {"_pinv_bwd_terms", "_pinv_bwd_steps", "_pinv_bwd_grad"} <= set(backward)
+    assert "_pinv_fwd" in predicted["forward"]
     measured = [{"op": "_pinv_bwd_steps", "ms": 0.1}, {"op": "sm90_xmma_gemm_bf16bf16_bf16f32", "ms": 0.02},
                 {"op": "_pinv_bwd_grad", "ms": 0.01}]
     rows = {row["kernel"]: row for row in calibrate.compare(measured, backward)}

@@ -146,12 +146,12 @@ def test_rejects_what_the_kernels_cannot_take():
 
 AOT = pytest.mark.skipif(INTERPRETED, reason="kernels defined under the interpreter cannot be compiled for a GPU")
 # (kernel, architecture, m, global norm, steps saved): the per-head training launch, and the global-norm inference
-# one (another constexpr combination, so another compile); _pinv_bwd_steps takes neither constexpr
+# one (another constexpr combination, so another compile); _pinv_bwd_terms and _pinv_bwd_steps take neither
 VARIANTS = ((False, True), (True, False))
 
 
 def variants(kernel: str):
-    return VARIANTS[:1] if kernel == "_pinv_bwd_steps" else VARIANTS
+    return VARIANTS if kernel in ("_pinv_fwd", "_pinv_bwd_grad") else VARIANTS[:1]
 
 
 FAST_AOT = [(kernel, 80, m, *variant) for kernel in launch.KERNELS for m in (16, 32) for variant in variants(kernel)
