@@ -3,7 +3,8 @@
 ``Y = softmax(Q Kᵀ / √d + M) V`` with ``M = -inf`` on pad keys, computed by
 ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU: the
 papers' "FlashAttention" row), or with ``materialise=True`` as the three explicit steps of the papers'
-"Transformer" row (scores, softmax, product; the ``(B, H, n, n)`` weights stored for backward), the
+"Transformer" row (scores, softmax, product; the ``(B, H, n, n)`` weights stored for backward, at most two such
+buffers alive, as in the papers' code), the
 baseline of the CUR paper's Table 2 speed and memory ratios (``configs/attention/softmax_materialised.yaml``).
 Cost O(n² d) time; O(n²) memory for the materialised path, O(n) for the fused kernels.
 """
@@ -30,9 +31,22 @@ class SoftmaxAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         attn_mask = key_mask[:, None, None, :]  # (B, 1, 1, n): True = may attend
         if self.materialise:
-            scores = (q @ k.transpose(-1, -2)) * self.head_dim**-0.5  # (B, H, n, n)
-            weights = scores.masked_fill(~attn_mask, -torch.inf).softmax(-1).nan_to_num(0.0)  # no real key: 0
-            return F.dropout(weights, self.dropout, self.training) @ v
+            return self._materialised(q, k, v, key_mask)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
         )
+
+    def _materialised(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """Scores, softmax, product, with at most two ``(B, H, n, n)`` buffers alive, as the standard Transformer of
+        the papers' code (the Nyströmformer LRA code's softmax keeps ``dot`` and ``attn``): the scale and the pad mask
+        are applied to the scores in place (the product's backward keeps ``q`` and ``k``, not its output), and the
+        scores are dropped once the softmax has them. A sequence without any real key attends to all its pads (so
+        its softmax stays finite) and gets 0 rows afterwards, SDPA's convention."""
+        empty = ~key_mask.any(-1)  # (B,): no real key
+        attend = (key_mask | empty[:, None])[:, None, None, :]  # (B, 1, 1, n)
+        scores = q @ k.transpose(-1, -2)  # (B, H, n, n)
+        scores.mul_(self.head_dim**-0.5).masked_fill_(~attend, -torch.inf)
+        weights = scores.softmax(-1)
+        del scores
+        out = F.dropout(weights, self.dropout, self.training) @ v
+        return out.masked_fill(empty[:, None, None, None], 0.0)
