@@ -40,7 +40,6 @@ from lra.config import CONFIG_DIR
 from lra.build import build_datamodule, build_module
 from lra.pretrain import pretrain_stage
 from lra.pretrain import validate as validate_pretrain
-from lra.runtime.allocator import retain_freed_memory
 from lra.runtime.checkpoints import load_transferred_weights
 from lra.runtime.config_checks import note_exact_landmarks, note_short_warmup, validate
 from lra.runtime.config_groups import check_command_line
@@ -60,7 +59,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate_pretrain(cfg)
     note_exact_landmarks(cfg)
     note_short_warmup(cfg)
-    retain_freed_memory()
     setup_gpu_run(cfg)  # TF32 float32 products on a GPU (lra/runtime/gpu_setup.py)
 
     loggers = build_loggers(cfg)  # instantiate

@@ -96,7 +96,7 @@ def resolve_device(name: str | None) -> torch.device:
 
 def setup_process(threads: int | None) -> int:
     """``--threads``: ``torch.set_num_threads`` when given; returns the count in use (a CSV column). Also keeps freed
-    memory in the process (:func:`lra.runtime.allocator.retain_freed_memory`), as training does."""
+    memory in the process (:func:`lra.runtime.allocator.retain_freed_memory`): a benchmark repeats the same shapes."""
     retain_freed_memory()
     if threads is not None:
         if threads < 1:

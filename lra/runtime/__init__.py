@@ -12,7 +12,7 @@ Starting a run
     ``run_dir``         who may write into a run dir, and which checkpoint a re-run resumes from
     ``run_lock``        one process per run dir (``flock`` on ``owner.lock``)
     ``gpu_setup``       TF32 and quiet consoles for ``trainer=gpu`` / ``trainer=ddp``
-    ``allocator``       keep freed memory in the process (glibc ``mallopt``)
+    ``allocator``       keep freed memory in the process (glibc ``mallopt``): benchmarks, not training
 
 During a run
     ``trainer``         the loggers and the Lightning trainer, with the callbacks and plugins every run gets

@@ -1,13 +1,19 @@
-"""Keep freed memory in the process instead of handing it back to the OS (glibc's ``mallopt``).
+"""Keep freed memory in the process instead of handing it back to the OS (glibc's ``mallopt``): for benchmarks.
 
 PyTorch's CPU tensors come from ``malloc``. glibc serves a large block (above its mmap threshold, which adapts up
 to 32 MiB) with a fresh ``mmap`` and trims the top of the heap once more than twice that threshold is free, so a
 tensor of a few MiB freed at the end of one call is returned to the OS and the next call's tensor of the same size
-is page-faulted in again, 4 KiB at a time. Attention benchmarks and training steps allocate the same sizes every
-call: :func:`retain_freed_memory` raises both thresholds so those blocks stay in the heap and are reused.
+is page-faulted in again, 4 KiB at a time. Attention benchmarks allocate the same sizes every call:
+:func:`retain_freed_memory` (every ``lra.bench`` command) raises both thresholds so those blocks stay in the heap and
+are reused. Measured: docs/bench.md, "L1-CUR on the landmark kernels, and an allocator that keeps freed memory". The
+process keeps its peak heap for its lifetime. Other C libraries (macOS, musl) have no ``mallopt``: nothing changes
+there.
 
-Measured: docs/bench.md, "L1-CUR on the landmark kernels, and an allocator that keeps freed memory". The process
-keeps its peak heap for its lifetime. Other C libraries (macOS, musl) have no ``mallopt``: nothing changes there.
+Training does not call it. Batches trimmed to their longest sequence allocate other sizes every step; the freed
+blocks of one step are too small for the next step's larger ones and cannot merge past the small blocks that live on
+between them, so glibc's heap grows step after step while the memory in use stays flat, and with every block up to
+256 MiB kept in the heap it grew faster still (docs/results.md, "Memory of CPU training on batches of varying
+lengths": what was measured, and jemalloc or ``task.pad_multiple`` for long CPU runs).
 """
 
 from __future__ import annotations

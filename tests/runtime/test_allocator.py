@@ -1,5 +1,8 @@
 """`lra.runtime.allocator.retain_freed_memory`: with it, a 64 MiB tensor comes from the heap instead of its own ``mmap``
-(glibc's ``mallinfo2().hblks`` counts the mmapped blocks), so freeing it keeps the memory for the next one."""
+(glibc's ``mallinfo2().hblks`` counts the mmapped blocks), so freeing it keeps the memory for the next one. Benchmarks
+call it; training does not: on batches of varying lengths a heap that keeps every block grows step after step
+(docs/results.md, "Memory of CPU training on batches of varying lengths"). Each probe runs in a fresh process, whose
+thresholds are its own."""
 
 from __future__ import annotations
 
@@ -9,10 +12,9 @@ import sys
 
 import pytest
 
-PROBE = """
+MALLINFO = """
 import ctypes, sys
 import torch
-from lra.runtime.allocator import retain_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -20,20 +22,48 @@ class MallInfo2(ctypes.Structure):
 
 mallinfo2 = ctypes.CDLL(None).mallinfo2
 mallinfo2.restype = MallInfo2
-if sys.argv[1] == "retain":
-    assert retain_freed_memory()
-before = mallinfo2().hblks
-x = torch.empty(16 << 20)  # 64 MiB
-print(mallinfo2().hblks - before)
+
+def mmapped_blocks_for_a_64_mib_tensor():
+    before = mallinfo2().hblks
+    x = torch.empty(16 << 20)  # 64 MiB
+    return mallinfo2().hblks - before
 """
 
+PROBE = MALLINFO + """
+from lra.runtime.allocator import retain_freed_memory
+if sys.argv[1] == "retain":
+    assert retain_freed_memory()
+print(mmapped_blocks_for_a_64_mib_tensor())
+"""
 
-def mmapped_blocks_for_a_64_mib_tensor(mode: str) -> int:
-    result = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+# A few training steps through the real entry point (lra.train's main, in the probe's process), then the probe.
+AFTER_TRAINING = MALLINFO + """
+from lra.train import main
+sys.argv = ["lra.train", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as stop:
+    assert not stop.code, stop.code
+print(mmapped_blocks_for_a_64_mib_tensor())
+"""
+
+glibc = pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="not glibc >= 2.33 (no mallinfo2)")
+
+
+def mmapped_blocks(script: str, *args: str) -> int:
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return int(result.stdout.split()[-1])
 
 
-@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="not glibc >= 2.33 (no mallinfo2)")
+@glibc
 def test_large_tensors_come_from_the_heap():
-    assert mmapped_blocks_for_a_64_mib_tensor("default") == 1  # glibc's own threshold: a fresh mmap
-    assert mmapped_blocks_for_a_64_mib_tensor("retain") == 0
+    assert mmapped_blocks(PROBE, "default") == 1  # glibc's own threshold: a fresh mmap
+    assert mmapped_blocks(PROBE, "retain") == 0
+
+
+@glibc
+def test_training_leaves_glibc_thresholds_alone(tiny_listops_overrides, tmp_path):
+    """After ``lra.train`` a 64 MiB tensor still gets its own ``mmap`` (glibc's adaptive threshold stops at 32 MiB):
+    training did not raise the thresholds, so large freed blocks go back to the OS instead of fragmenting the heap."""
+    assert mmapped_blocks(AFTER_TRAINING, *tiny_listops_overrides, f"hydra.run.dir={tmp_path / 'run'}") == 1
