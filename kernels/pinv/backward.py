@@ -44,6 +44,7 @@ from kernels.pinv.forward import (TINY, load_square, load_tile, norms, product, 
                                   step_terms)
 
 TERMS_PER_STEP = tl.constexpr(4)  # A, AZ, S (W before it), inner (then ∂(AZ)) of one step
+WORK_TILES = tl.constexpr(4)  # a problem's WORK: G (G₀ at the end), ∂S, ∂inner, G Sᵀ
 
 
 @triton.jit
@@ -72,7 +73,7 @@ def _pinv_bwd_steps(ITERATES, TERMS, DZ, WORK, M, N_ITER, BLOCK: tl.constexpr):
     square, inside, _ = square_offsets(M, BLOCK)
     tile = BLOCK * BLOCK
     a = TERMS + pid * N_ITER * TERMS_PER_STEP * tile  # A (step 0's copy)
-    g = WORK + pid * 4 * tile  # G, then ∂S, ∂inner and G Sᵀ of the step
+    g = WORK + pid * WORK_TILES * tile  # G, then ∂S, ∂inner and G Sᵀ of the step
     grad_step, grad_inner, g_next = g + tile, g + 2 * tile, g + 3 * tile
     zero = tl.zeros([BLOCK, BLOCK], tl.float32)
     publish(g, load_square(DZ + pid * M * M, square, inside), BLOCK)
@@ -106,7 +107,7 @@ def _pinv_bwd_grad(A, NORM, ITERATES, TERMS, WORK, DA, DNORM, M, N_ITER, BLOCK: 
         grad_az = TERMS + ((pid * N_ITER + k) * TERMS_PER_STEP + 3) * tile
         grad_a = product(grad_az, False, ITERATES + (pid * N_ITER + k) * tile, True, grad_a, BLOCK)
     a = load_square(A + pid * M * M, square, inside)
-    g_t = load_tile(WORK + pid * 4 * tile, BLOCK, True)  # G₀ᵀ
+    g_t = load_tile(WORK + pid * WORK_TILES * tile, BLOCK, True)  # G₀ᵀ
     norm = start_norm(a, NORM, HAS_NORM)
     grad_a += g_t / norm
     grad_norm = -tl.sum(tl.sum(g_t * a, 1), 0) / (norm * norm)

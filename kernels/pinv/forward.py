@@ -39,6 +39,7 @@ import triton.language as tl
 TINY = tl.constexpr(1.1754943508222875e-38)
 PRECISION = tl.constexpr("tf32x3")  # every product's dots (module doc); lra.bench's time model reads it
 K_CHUNK = tl.constexpr(16)  # the K extent of one dot in a product (tl.dot's least)
+WORK_TILES = tl.constexpr(5)  # a problem's WORK: A, AZ, W then S, inner, and Z without SAVE
 
 
 @triton.jit
@@ -139,7 +140,7 @@ def _pinv_fwd(A, NORM, Z, ITERATES, WORK, M, N_ITER, BLOCK: tl.constexpr, HAS_NO
     square, inside, eye = square_offsets(M, BLOCK)
     tile = BLOCK * BLOCK
     a_tile = load_square(A + pid * M * M, square, inside)
-    a = WORK + pid * 5 * tile  # then AZ, W → S, inner, and Z without SAVE
+    a = WORK + pid * WORK_TILES * tile  # then AZ, W → S, inner, and Z without SAVE
     az, s, inner = a + tile, a + 2 * tile, a + 3 * tile
     publish(a, a_tile, BLOCK)
     z_tile = tl.trans(a_tile) / start_norm(a_tile, NORM, HAS_NORM)

@@ -34,7 +34,9 @@ POINTER_TYPES = {
                        "DA": "*fp32", "DNORM": "*fp32"},
 }
 KERNELS = tuple(POINTER_TYPES)
-FORWARD_TILES, TERMS_TILES, BACKWARD_TILES = 5, backward.TERMS_PER_STEP.value, 4  # WORK / TERMS tiles (module docs)
+# tiles per problem of the forward's WORK, of the backward's TERMS per step and of its WORK (the kernels' modules)
+FORWARD_TILES, TERMS_TILES, BACKWARD_TILES = (forward.WORK_TILES.value, backward.TERMS_PER_STEP.value,
+                                              backward.WORK_TILES.value)
 
 
 def takes(m: int) -> bool:
@@ -73,7 +75,10 @@ def kernel_function(kernel: str):
 def launch(kernel: str, problems: int, config: LaunchConfig, *args, n_iter: int) -> None:
     """One program per problem running the ``n_iter`` steps serially, or for ``_pinv_bwd_terms`` one per problem and
     step; under the interpreter the tensors' types are checked against :data:`POINTER_TYPES`."""
-    grid, loop = ((problems, n_iter), ("none", 1)) if kernel == "_pinv_bwd_terms" else ((problems,), ("iterations", n_iter))
+    if kernel == "_pinv_bwd_terms":
+        grid, loop = (problems, n_iter), ("none", 1)
+    else:
+        grid, loop = (problems,), ("iterations", n_iter)
     common.launch(kernel_function(kernel), grid, config, POINTER_TYPES[kernel], *args, loop=loop)
 
 
