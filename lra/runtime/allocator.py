@@ -12,8 +12,9 @@ there.
 Training does not call it. Batches trimmed to their longest sequence allocate other sizes every step; the freed
 blocks of one step are too small for the next step's larger ones and cannot merge past the small blocks that live on
 between them, so glibc's heap grows step after step while the memory in use stays flat, and with every block up to
-256 MiB kept in the heap it grew faster still (docs/results.md, "Memory of CPU training on batches of varying
-lengths": what was measured, and jemalloc or ``task.pad_multiple`` for long CPU runs).
+256 MiB kept in the heap it grew faster still. Leaving glibc's thresholds alone costs the page faults of the largest
+tensors every step: slower steps for a smaller heap; jemalloc gives both (docs/results.md, "Memory of CPU training
+on batches of varying lengths": what was measured; docs/usage.md, "Memory of long CPU runs").
 """
 
 from __future__ import annotations
