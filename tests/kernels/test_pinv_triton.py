@@ -24,12 +24,22 @@ from tests.conftest import run_cli
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def test_kernels_under_the_interpreter():
-    """Forward and ∂A within 4·m·u of the float64 PyTorch form, ties, central differences, compile (tiny shapes)."""
-    proc = run_cli(["-m", "pytest", "tests/kernels/test_pinv_triton_kernels.py", "-q", "-p", "no:cacheprovider"],
-                   env={"TRITON_INTERPRET": "1"})
+def interpreted_kernel_tests(marks: str):
+    proc = run_cli(["-m", "pytest", "tests/kernels/test_pinv_triton_kernels.py", "-q", "-m", marks,
+                    "-p", "no:cacheprovider"], env={"TRITON_INTERPRET": "1"}, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_kernels_under_the_interpreter():
+    """Forward and ∂A within 4·m·u of the float64 PyTorch form, ties, central differences, compile (tiny shapes)."""
+    interpreted_kernel_tests("not slow")
+
+
+@pytest.mark.slow
+def test_kernels_under_the_interpreter_at_every_size():
+    """The same at the other sizes (16, 20, 32) and one step."""
+    interpreted_kernel_tests("slow")
 
 
 class Ops(TorchDispatchMode):

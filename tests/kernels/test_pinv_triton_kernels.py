@@ -3,7 +3,8 @@
 These tests need the kernels to run: on a CUDA GPU, or on CPU with ``TRITON_INTERPRET=1`` set before Python
 starts (the interpreter is chosen when :mod:`kernels.pinv` is defined). Without either they are skipped here,
 and ``tests/kernels/test_pinv_triton.py::test_kernels_under_the_interpreter`` runs this file in a subprocess with the
-variable set. Shapes are small (m ≤ 64, the kernels' largest, three problems): the interpreter is slow.
+variable set. Shapes are small (m ≤ 64, the kernels' largest, three problems): the interpreter is slow; the default suite runs
+a padded tile and the largest size, the ``slow`` cases the others (``test_pinv_triton.py`` runs both selections).
 
 Tolerances: a float32 product of length m rounds by at most about ``m·u`` relative to its operands (``u = 2⁻²⁴``)
 and the Newton–Schulz iteration does not amplify it on these well-scaled inputs, so the kernels must agree with
@@ -24,8 +25,9 @@ from tests.triton_env import DEVICE, needs_kernels
 pytestmark = [needs_kernels("test_pinv_triton.py::test_kernels_under_the_interpreter"),
               pytest.mark.usefixtures("exact_float32_matmuls", "tensor_core_dots")]
 UNIT = 2.0**-24  # float32 unit roundoff
-# full 16 × 16, 32 × 32 and 64 × 64 tiles (products as one, two and four dots of K = 16), zero-padded ones (7, 20)
-SIZES = (16, 7, 20, 32, 64)
+# full 16 × 16, 32 × 32 and 64 × 64 tiles (products as one, two and four dots of K = 16), zero-padded ones (7, 20);
+# the default suite runs a padded 16-tile and the largest, ``slow`` (make test-slow) the rest (:func:`sized`)
+SLOW = pytest.mark.slow
 
 
 def tolerance(m: int, reference: torch.Tensor) -> float:
@@ -55,9 +57,14 @@ def reference(a: torch.Tensor, n_iter: int, init: str) -> torch.Tensor:
     return reference_pinv(a, n_iter, init)
 
 
-@pytest.mark.parametrize("m", SIZES)
-@pytest.mark.parametrize("init", ["per_head", "global"])
-@pytest.mark.parametrize("n_iter", [1, 6])
+def sized(sizes, inits=("per_head", "global")):
+    """``(m, init)`` cases: every one ``slow`` but the padded 7 (both inits) and the largest 64 (per_head)."""
+    return [pytest.param(m, init, marks=() if m == 7 or (m == 64 and init == "per_head") else SLOW)
+            for m in sizes for init in inits]
+
+
+@pytest.mark.parametrize("m, init", sized((7, 64, 16, 20, 32)))
+@pytest.mark.parametrize("n_iter", [pytest.param(1, marks=SLOW), 6])
 def test_forward_matches_the_float64_reference(m, init, n_iter):
     for a in (matrices("well", m), matrices("scaled", m), torch.softmax(matrices("logits", m), -1)):
         expected = reference(a, n_iter, init)
@@ -67,8 +74,7 @@ def test_forward_matches_the_float64_reference(m, init, n_iter):
         assert error <= tolerance(m, expected), (m, init, n_iter, error / (m * UNIT * expected.abs().max().item()))
 
 
-@pytest.mark.parametrize("m", [7, 32, 64])
-@pytest.mark.parametrize("init", ["per_head", "global"])
+@pytest.mark.parametrize("m, init", sized((7, 32, 64)))
 def test_gradient_matches_float64_autograd(m, init):
     """``∂A`` through all steps and ``Z₀``'s norms (not detached) vs autograd through the float64 reference,
     on matrices whose maximal row and column sums are unique (ties: next test). Three steps: the backward's first,
