@@ -90,7 +90,7 @@ def test_gradient_matches_float64_autograd(m, init):
         assert error <= tolerance(m, expected), (kind, error / (m * UNIT * expected.abs().max().item()))
 
 
-@pytest.mark.parametrize("init", ["per_head", "global"])
+@pytest.mark.parametrize("init", ["per_head", pytest.param("global", marks=SLOW)])
 def test_gradient_through_softmax_with_tied_row_sums(init):
     """CUR's ``U`` is a row softmax (row sums all 1, so which row attains ``‖A‖∞`` is a rounding tie) with identity
     rows on invalid slots. Through the softmax the tie's share of the norm gradient cancels (a row-constant
@@ -112,7 +112,7 @@ def test_gradient_through_softmax_with_tied_row_sums(init):
     assert error <= tolerance(m, expected), error
 
 
-@pytest.mark.parametrize("init", ["per_head", "global"])
+@pytest.mark.parametrize("init", ["per_head", pytest.param("global", marks=SLOW)])
 def test_directional_derivatives_match_central_differences(init):
     """gradcheck's idea without its float64 requirement: ``⟨∂A, V⟩`` of ``L = ⟨G, Z(A)⟩`` from the float32 kernel
     against ``(L(A + hV) − L(A − hV)) / 2h`` of the float64 reference, for random directions and for one that
@@ -175,6 +175,7 @@ def test_iterates_are_kept_only_when_autograd_records():
     torch.testing.assert_close(z, fused_pinv(a, 6), rtol=0, atol=0)
 
 
+@SLOW  # test_pinv_triton.py::test_compiles_to_one_graph_on_fake_tensors checks the one graph in the default suite
 def test_compiled_with_fullgraph_runs_the_same_kernels():
     """``torch.compile(fullgraph=True)``: no graph break, one forward op and one backward op in the captured
     graphs, and the same numbers as eager (the same two launches)."""
