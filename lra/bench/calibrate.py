@@ -17,11 +17,6 @@ from collections import defaultdict
 from lra.bench import common, roofline
 
 
-def kernel_name(planned: str) -> str:
-    """The CUDA kernel name of a planned launch: the Triton function after the op's name (``op:function``)."""
-    return planned.split(":")[-1]
-
-
 def predicted(variant: common.Variant, args: argparse.Namespace, batch: int, gpu: roofline.Gpu,
               aot: bool = True) -> dict[str, dict[str, float]]:
     """``{phase: {kernel name: predicted seconds}}`` of ``variant``'s layer at ``batch`` × ``args.n`` (``args``:
@@ -32,7 +27,7 @@ def predicted(variant: common.Variant, args: argparse.Namespace, batch: int, gpu
     shape = (batch, args.heads, args.n, args.landmarks, args.head_dim)
     times: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for kernel in plan_variant(variant, args, batch, capability=gpu.capability):
-        times[kernel.phase][kernel_name(kernel.kernel)] += roofline.predict(kernel, shape, gpu, aot=aot).seconds
+        times[kernel.phase][roofline.kernel_name(kernel.kernel)] += roofline.predict(kernel, shape, gpu, aot=aot).seconds
     return times
 
 

@@ -148,11 +148,16 @@ UNIT_PEAK = {"tensor": lambda gpu: gpu.bf16, "tf32": lambda gpu: gpu.tf32, "tf32
              "fp32": lambda gpu: gpu.fp32}
 
 
+def kernel_name(planned: str) -> str:
+    """The CUDA kernel name of a planned launch: the Triton function after the op's name (``op:function``)."""
+    return planned.split(":")[-1]
+
+
 def triton_flops(kernel, shape) -> tuple[float, str]:
     """``(FLOPs, unit)`` of a recorded Triton launch for ``shape = (B, H, n, m, d)`` (``unit``: a key of
     :data:`UNIT_PEAK`)."""
     batch, heads, n, m, d = shape
-    name, launch = kernel.kernel.split(":")[-1], kernel.launch
+    name, launch = kernel_name(kernel.kernel), kernel.launch
     constexprs = launch.config.constexprs if launch is not None and launch.config is not None else {}
     if name in PINV_PRODUCTS:  # float32 dots in the kernels' PRECISION (kernels/pinv/forward.py)
         from kernels.pinv import forward
