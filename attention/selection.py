@@ -50,10 +50,10 @@ def _random_priority(x: torch.Tensor, generator: torch.Generator | None = None, 
 def _abs_priority(x: torch.Tensor, form: str = "cpu", **_) -> torch.Tensor:
     """``Σ_d |X[i, d]|``: one pass on CPU (:func:`kernels.selection.abs_row_sums`, else ``abs`` + ``sum``:
     ``linalg.vector_norm(x, ord=1)`` is slower on CPU, docs/bench.md "Numbers kept out of the code"); in the
-    ``fused`` form (:mod:`attention.impl`) ``abs`` in ``x``'s dtype and a float32 sum (no float32 copy of
-    ``x``)."""
+    ``fused`` form (:mod:`attention.impl`) that norm, one kernel reading ``x`` in its dtype and summing in float32
+    (float64 stays; no float32 copy of ``x``, no ``|x|`` tensor)."""
     if form == "fused":
-        return x.abs().sum(-1, dtype=torch.float32)
+        return torch.linalg.vector_norm(x, 1, -1, dtype=torch.promote_types(x.dtype, torch.float32))
     return selection_kernels.abs_row_sums(x) if form == "cpu" else x.abs().sum(-1)
 
 

@@ -15,7 +15,8 @@ Three kernels; every product reads its operands from tiles in global memory as t
   same numbers) into ``TERMS`` ``(P, n_iter, 4, BLOCK, BLOCK)``: three products a step, off the serial path, in a
   scratch that lives only through this backward (the forward keeps the iterates alone: ``n_iter`` tiles a problem
   across every layer's forward and backward, where keeping the terms too took four times that).
-* ``_pinv_bwd_steps``, one program per problem, walks the steps, serial in ``G``: seven products a step, ``G``,
+* ``_pinv_bwd_steps``, one program per problem, walks the steps, serial in ``G``: seven products a step, each in
+  three TF32 passes (:func:`kernels.pinv.forward.product_in_passes`: the registers for 16 warps on sm_90), ``G``,
   ``∂S``, ``∂inner`` and ``G Sᵀ`` written to the problem's ``WORK`` ``(4, BLOCK, BLOCK)`` for the products that read
   them (one accumulator is live at a time), ``∂(AZ)_k`` over ``inner_k`` in ``TERMS``; ``G₀`` is left in ``WORK``'s
   first place.
@@ -42,6 +43,7 @@ import triton.language as tl
 
 from kernels.pinv.forward import (TINY, load_square, load_tile, norms, product, publish, square_offsets, start_norm,
                                   step_terms)
+from kernels.pinv.forward import product_in_passes as passes
 
 TERMS_PER_STEP = tl.constexpr(4)  # A, AZ, S (W before it), inner (then ∂(AZ)) of one step
 WORK_TILES = tl.constexpr(4)  # a problem's WORK: G (G₀ at the end), ∂S, ∂inner, G Sᵀ
@@ -82,16 +84,16 @@ def _pinv_bwd_steps(ITERATES, TERMS, DZ, WORK, M, N_ITER, BLOCK: tl.constexpr):
         z = ITERATES + (pid * N_ITER + k) * tile
         az = a + k * TERMS_PER_STEP * tile + tile
         step_matrix, inner = az + tile, az + 2 * tile
-        publish(grad_step, product(z, True, g, False, zero, BLOCK), BLOCK)  # ∂S = Zᵀ G
-        publish(g_next, product(g, False, step_matrix, True, zero, BLOCK), BLOCK)  # G Sᵀ
-        publish(grad_inner, -0.25 * product(az, True, grad_step, False, zero, BLOCK), BLOCK)  # ∂inner = −¼ (AZ)ᵀ ∂S
+        publish(grad_step, passes(z, True, g, False, zero, BLOCK), BLOCK)  # ∂S = Zᵀ G
+        publish(g_next, passes(g, False, step_matrix, True, zero, BLOCK), BLOCK)  # G Sᵀ
+        publish(grad_inner, -0.25 * passes(az, True, grad_step, False, zero, BLOCK), BLOCK)  # −¼ (AZ)ᵀ ∂S
         # ∂(AZ) = −¼ ∂S innerᵀ − 7 ∂inner + ∂inner (AZ)ᵀ + (AZ)ᵀ ∂inner
-        grad_az = product(grad_step, False, inner, True, zero, BLOCK)
+        grad_az = passes(grad_step, False, inner, True, zero, BLOCK)
         grad_az = -0.25 * grad_az - 7.0 * load_tile(grad_inner, BLOCK, False)
-        grad_az = product(grad_inner, False, az, True, grad_az, BLOCK)
-        grad_az = product(az, True, grad_inner, False, grad_az, BLOCK)
+        grad_az = passes(grad_inner, False, az, True, grad_az, BLOCK)
+        grad_az = passes(az, True, grad_inner, False, grad_az, BLOCK)
         publish(inner, grad_az, BLOCK)  # ∂(AZ)_k in inner_k's place, read by _pinv_bwd_grad
-        g_sum = product(a, True, inner, False, load_tile(g_next, BLOCK, False), BLOCK)  # G Sᵀ + Aᵀ ∂(AZ)
+        g_sum = passes(a, True, inner, False, load_tile(g_next, BLOCK, False), BLOCK)  # G Sᵀ + Aᵀ ∂(AZ)
         publish(g, g_sum, BLOCK)
 
 

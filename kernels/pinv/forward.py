@@ -78,24 +78,65 @@ def publish(ptr, tile, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _chunk(X, X_T: tl.constexpr, Y, Y_T: tl.constexpr, start, BLOCK: tl.constexpr):
+    """Columns ``start … start + K_CHUNK`` of ``op(X)`` and the same rows of ``op(Y)`` (:func:`product`)."""
+    rows = tl.arange(0, BLOCK)
+    ks = start + tl.arange(0, K_CHUNK)
+    if X_T:  # op(X)[i, k] = X[k, i]
+        x = tl.load(X + ks[None, :] * BLOCK + rows[:, None])
+    else:
+        x = tl.load(X + rows[:, None] * BLOCK + ks[None, :])
+    if Y_T:  # op(Y)[k, j] = Y[j, k]
+        y = tl.load(Y + rows[None, :] * BLOCK + ks[:, None])
+    else:
+        y = tl.load(Y + ks[:, None] * BLOCK + rows[None, :])
+    return x, y
+
+
+@triton.jit
 def product(X, X_T: tl.constexpr, Y, Y_T: tl.constexpr, acc, BLOCK: tl.constexpr):
     """``acc + op(X) op(Y)`` of two ``BLOCK × BLOCK`` row-major tiles in global memory (:func:`publish`; ``op``
     transposes where ``X_T`` / ``Y_T``), ``acc`` float32: ``K_CHUNK`` columns of ``op(X)`` and rows of ``op(Y)``
     at a time, in :data:`PRECISION` dots. The loop is not unrolled: unrolled, the compiler hoists every product's
     loads and spills (docs/bench.md)."""
-    rows = tl.arange(0, BLOCK)
-    inner = tl.arange(0, K_CHUNK)
     for start in tl.range(0, BLOCK, K_CHUNK, loop_unroll_factor=1):
-        ks = start + inner
-        if X_T:  # op(X)[i, k] = X[k, i]
-            x = tl.load(X + ks[None, :] * BLOCK + rows[:, None])
-        else:
-            x = tl.load(X + rows[:, None] * BLOCK + ks[None, :])
-        if Y_T:  # op(Y)[k, j] = Y[j, k]
-            y = tl.load(Y + rows[None, :] * BLOCK + ks[:, None])
-        else:
-            y = tl.load(Y + ks[:, None] * BLOCK + rows[None, :])
+        x, y = _chunk(X, X_T, Y, Y_T, start, BLOCK)
         acc = tl.dot(x, y, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def tf32_part(x, SMALL: tl.constexpr):
+    """``x``'s TF32 high part (rounded to nearest, ties away from zero, as ``cvt.rna.tf32.f32``: 13 low bits
+    cleared), or with ``SMALL`` the float32 rest ``x − high`` (exact)."""
+    high = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+    if SMALL:
+        high = x - high
+    return high
+
+
+@triton.jit
+def _tf32_pass(X, X_T: tl.constexpr, Y, Y_T: tl.constexpr, acc, BLOCK: tl.constexpr, X_SMALL: tl.constexpr,
+               Y_SMALL: tl.constexpr):
+    for start in tl.range(0, BLOCK, K_CHUNK, loop_unroll_factor=1):
+        x, y = _chunk(X, X_T, Y, Y_T, start, BLOCK)
+        acc = tl.dot(tf32_part(x, X_SMALL), tf32_part(y, Y_SMALL), acc, input_precision="tf32")
+    return acc
+
+
+@triton.jit
+def product_in_passes(X, X_T: tl.constexpr, Y, Y_T: tl.constexpr, acc, BLOCK: tl.constexpr):
+    """:func:`product` as three passes over K, one TF32 dot each: ``small·big``, ``big·small``, ``big·big`` of
+    the operands' :func:`tf32_part`, the terms and order of Triton's 3xTF32. Each pass re-reads its operands (the
+    two after the first from L1); a thread holds one pair of parts at a time, not four, which is what lets the
+    serial backward run 16 warps without spills (one 64 × 64 × 64 product on sm_90: 42 registers at 16 warps in
+    passes, 99 as 3xTF32 dots; docs/bench.md). Any other :data:`PRECISION` is :func:`product`."""
+    if PRECISION == "tf32x3":
+        acc = _tf32_pass(X, X_T, Y, Y_T, acc, BLOCK, True, False)
+        acc = _tf32_pass(X, X_T, Y, Y_T, acc, BLOCK, False, True)
+        acc = _tf32_pass(X, X_T, Y, Y_T, acc, BLOCK, False, False)
+    else:
+        acc = product(X, X_T, Y, Y_T, acc, BLOCK)
     return acc
 
 

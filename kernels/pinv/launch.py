@@ -9,7 +9,8 @@ registers and the spills of the kernels that held their tiles in registers: docs
 The accumulators are registers: a 128 × 128 float32 tile is 64 KiB, a quarter of an SM's register file, so the
 kernels stop at :data:`MAX_M` = 64 and larger problems run the PyTorch form (:func:`attention.pinv.iterative_pinv`).
 :data:`WARPS` gives the warps per kernel and block size: the most that compile without spills on both
-architectures, up to 16 (latency hiding); no loop loads are pipelined (``num_stages = 1``).
+architectures, up to 16 (latency hiding; the serial backward's products run in TF32 passes for its 16:
+:func:`kernels.pinv.forward.product_in_passes`); no loop loads are pipelined (``num_stages = 1``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kernels.pinv import backward, forward
 MAX_M = 64
 CHECKED_CAPABILITIES = (80, 90)
 WARPS = {"_pinv_fwd": {16: 4, 32: 4, 64: 16}, "_pinv_bwd_terms": {16: 4, 32: 8, 64: 8},
-         "_pinv_bwd_steps": {16: 4, 32: 8, 64: 8}, "_pinv_bwd_grad": {16: 4, 32: 8, 64: 16}}
+         "_pinv_bwd_steps": {16: 4, 32: 8, 64: 16}, "_pinv_bwd_grad": {16: 4, 32: 8, 64: 16}}
 POINTER_TYPES = {
     "_pinv_fwd": {"A": "*fp32", "NORM": "*fp32", "Z": "*fp32", "ITERATES": "*fp32", "WORK": "*fp32"},
     "_pinv_bwd_terms": {"A": "*fp32", "ITERATES": "*fp32", "TERMS": "*fp32"},

@@ -14,10 +14,14 @@ lands within the same bound).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from attention.pinv import pytorch_pinv
+from kernels.pinv import forward
 from kernels.pinv.naive import reference_pinv
 from kernels.pinv.ops import fused_pinv, pinv_forward, start_norm
 from tests.triton_env import DEVICE, needs_kernels
@@ -213,7 +217,6 @@ def test_backward_of_an_unsaved_forward_says_what_to_call():
 def test_the_benchmarks_error_check_passes_the_kernels_and_fails_plain_tf32(monkeypatch):
     """``python -m lra.bench pinv``'s accuracy columns (what a GPU run checks beside the times): the kernels within
     ``4·m·u``, and the same check flags them with plain TF32 dots."""
-    from kernels.pinv import forward
     from lra.bench.pinv import errors
 
     checked = errors(fused_pinv, 2, 32, 6, torch.device(DEVICE))
@@ -221,3 +224,32 @@ def test_the_benchmarks_error_check_passes_the_kernels_and_fails_plain_tf32(monk
     monkeypatch.setattr(forward, "PRECISION", "tf32")  # read when the interpreter runs a product
     rounded = errors(fused_pinv, 2, 32, 6, torch.device(DEVICE))
     assert rounded["error_fwd"] > checked["bound"], rounded
+
+
+@triton.jit
+def _split(X, HIGH, LOW, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(X + offs)
+    tl.store(HIGH + offs, forward.tf32_part(x, False))
+    tl.store(LOW + offs, forward.tf32_part(x, True))
+
+
+def test_tf32_parts_round_to_nearest_ties_away_and_add_up_exactly():
+    """:func:`kernels.pinv.forward.tf32_part`, which the serial backward's TF32 passes split each operand with: the
+    high part is ``x`` rounded to TF32's 10 mantissa bits (to nearest, ties away from zero, against a float64
+    reference), the low part the exact rest."""
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(1000, generator=generator) * torch.logspace(-30, 30, 1000)
+    mantissa = torch.tensor([1.0 + k * 2.0**-10 + 2.0**-11 for k in (0, 1, 511, 1023)])  # exact ties
+    values = torch.cat([values, mantissa, -mantissa, torch.zeros(1), 1.0 + torch.arange(1, 8) * 2.0**-13])
+    x = torch.cat([values, torch.zeros(2048 - values.numel())]).to(torch.float32)
+    high, low = torch.empty_like(x), torch.empty_like(x)
+    high, low = high.to(DEVICE), low.to(DEVICE)
+    _split[(1,)](x.to(DEVICE), high, low, 2048)
+    high, low = high.cpu(), low.cpu()
+    exact = x.double()
+    spacing = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(2.0**-126))) - 10)
+    expected = torch.sign(exact) * torch.floor(exact.abs() / spacing + 0.5) * spacing
+    torch.testing.assert_close(high.double(), expected, rtol=0, atol=0)
+    assert torch.equal(high + low, x)  # the rest is exact
+    assert not np.any(high.numpy().view(np.uint32) & 0x1FFF)  # 13 low bits clear
