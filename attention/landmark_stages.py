@@ -90,10 +90,18 @@ def unchunked(x: torch.Tensor, n: int) -> torch.Tensor:
     return x if x.shape[2] == n else x[:, :, :n]
 
 
-def per_chunk(x: torch.Tensor, c: int) -> torch.Tensor:
+def scaled(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x · scale`` stored contiguous in ``dtype``, by one kernel (computed in ``x``'s dtype or wider, rounded once
+    on the store): a scale and a cast, each an ``m``-sized launch at its floor on a GPU, made one. Not
+    differentiable (an ``out=`` operation): for the custom Functions' own forward and backward."""
+    return torch.mul(x, scale, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+
+
+def per_chunk(x: torch.Tensor, c: int, scale: float = 1.0, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``(B, H, r, p)`` -> ``(B, H, c, r, p)``, one copy per chunk (contiguous: a batched GEMM against chunked
-    operands takes it as it is; a broadcast operand would be copied by every product that meets it)."""
-    return x[:, :, None].expand(-1, -1, c, -1, -1).contiguous()
+    operands takes it as it is; a broadcast operand would be copied by every product that meets it), scaled by
+    ``scale`` and cast to ``dtype`` (default ``x``'s) by the same kernel (:func:`scaled`)."""
+    return scaled(x[:, :, None].expand(-1, -1, c, -1, -1), scale, dtype or x.dtype)
 
 
 def _row_weights(q_scaled, k, key_mask, row_max=None):
@@ -121,7 +129,7 @@ class _RowsAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_rows, k, v, key_mask):
-        q_scaled = per_chunk(q_rows * q_rows.shape[-1] ** -0.5, k.shape[2])  # (B, H, c, m, d)
+        q_scaled = per_chunk(q_rows, k.shape[2], q_rows.shape[-1] ** -0.5)  # (B, H, c, m, d)
         e, row_max = _row_weights(q_scaled, k, key_mask)  # (B, H, c, L, m)
         total = e.sum(-2, dtype=accumulator(e.dtype)).sum(-2)  # l, (B, H, m)
         rv = split_k(e, v) / total[..., None]  # (B, H, m, d) float32
@@ -135,12 +143,12 @@ class _RowsAttention(torch.autograd.Function):
         e, _ = _row_weights(q_scaled, k, key_mask, row_max)
         grad = grad / total[..., None]  # dRV_i / l_i, (B, H, m, d) float32
         delta = (grad * rv).sum(-1)  # dRV_i · RV_i / l_i = Σ_j P_ji dP_ji / l_i, (B, H, m)
-        grad_x = per_chunk(grad.to(v.dtype), v.shape[2])  # (B, H, c, m, d)
-        d_scores = (v @ grad_x.mT).sub_(delta[:, :, None, None, :].to(v.dtype)).mul_(e)  # dSᵀ, (B, H, c, L, m)
+        grad_x = per_chunk(grad, v.shape[2], dtype=v.dtype)  # (B, H, c, m, d)
+        d_scores = (v @ grad_x.mT).sub_(delta[:, :, None, None, :]).mul_(e)  # dSᵀ, (B, H, c, L, m)
         grad_v = e @ grad_x  # (B, H, c, L, d)
         grad_k = d_scores @ q_scaled  # (B, H, c, L, d)
-        grad_q = split_k(d_scores, k).mul_(q_scaled.shape[-1] ** -0.5)  # (B, H, m, d) float32
-        return grad_q.to(q_scaled.dtype), grad_k, grad_v, None
+        grad_q = scaled(split_k(d_scores, k), q_scaled.shape[-1] ** -0.5, q_scaled.dtype)  # (B, H, m, d)
+        return grad_q, grad_k, grad_v, None
 
 
 class _ColumnsAttention(torch.autograd.Function):
@@ -151,8 +159,8 @@ class _ColumnsAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k_cols, w, valid):
-        k_scaled = per_chunk((k_cols * q.shape[-1] ** -0.5).to(q.dtype), q.shape[2])  # (B, H, c, m, d)
-        w_x = per_chunk(w.to(q.dtype), q.shape[2])
+        k_scaled = per_chunk(k_cols, q.shape[2], q.shape[-1] ** -0.5, q.dtype)  # (B, H, c, m, d)
+        w_x = per_chunk(w, q.shape[2], dtype=q.dtype)
         ctx.save_for_backward(q, k_scaled, w_x, valid)
         ctx.dtypes = (k_cols.dtype, w.dtype)
         return _column_weights(q, k_scaled, valid) @ w_x  # (B, H, c, L, d)
@@ -165,9 +173,9 @@ class _ColumnsAttention(torch.autograd.Function):
         grad = grad.contiguous()  # (B, H, c, L, d), zero on the pad rows
         d_scores = torch._softmax_backward_data(grad @ w_x.mT, weights, -1, weights.dtype)  # (B, H, c, L, m)
         grad_q = d_scores @ k_scaled  # (B, H, c, L, d)
-        grad_k = split_k(d_scores, q).mul_(q.shape[-1] ** -0.5)  # (B, H, m, d) float32
+        grad_k = scaled(split_k(d_scores, q), q.shape[-1] ** -0.5, ctx.dtypes[0])  # (B, H, m, d)
         grad_w = split_k(weights, grad)  # (B, H, m, d) float32
-        return grad_q, grad_k.to(ctx.dtypes[0]), grad_w.to(ctx.dtypes[1]), None
+        return grad_q, grad_k, grad_w.to(ctx.dtypes[1]), None
 
 
 def core_weights(q_rows: torch.Tensor, k_rows: torch.Tensor, valid_rows: torch.Tensor, valid_cols: torch.Tensor) -> torch.Tensor:
