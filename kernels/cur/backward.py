@@ -10,7 +10,7 @@ Notation of :mod:`kernels.cur.forward` (``s = 1/√d``, softmaxes in base 2). Fo
   key tiles; the ``S`` float32 partials are summed (deterministic: no atomics).
 * ``Y_C = C W``, ``C = softmax(s·Q K_Jᵀ)`` (n×m), with ``dY_C = dY`` on unselected rows and 0 on the
   rows ``I`` (those were overwritten by ``RV``). ``_out_bwd_q`` gives ``dQ = s·dS_C K_J`` and
-  ``Δ_C`` per query tile; ``_out_bwd_kw`` gives ``dK_J = s·dS_Cᵀ Q`` and ``dW = Cᵀ dY_C`` per
+  ``Δ_C = rowsum(dY_C ⊙ Y)`` (from the saved output) per query tile; ``_out_bwd_kw`` gives ``dK_J = s·dS_Cᵀ Q`` and ``dW = Cᵀ dY_C`` per
   block of selected keys and split of the queries, looping over the split's query tiles (partials summed).
 
 Dtypes: ``dK, dV, dQ`` (n×d) are written in the input dtype, the m×d partials and the per-token
@@ -128,15 +128,17 @@ def _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, offs_j, offs_d, d_ok, D, qk_scal
 
 @triton.jit
 def _out_bwd_q(
-    Q, KJ, VALIDK, W, SLOT, DY, LSE, DQ, DELTA,
-    stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn,
+    Q, KJ, VALIDK, W, SLOT, DY, Y, LSE, DQ, DELTA,
+    stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn, stride_yb, stride_yh, stride_yn,
     H, N, D, qk_scale, sm_scale,
     M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program: a tile of BLOCK_N query rows; ``dQ`` and ``Δ_C`` from the recomputed ``C`` tile,
-    BLOCK_M keys at a time: ``Δ_C`` sums over all m keys before any ``dS``, so a first pass over the
-    keys computes it and a second one ``dQ``."""
+    """One program: a tile of BLOCK_N query rows; ``dQ`` from the recomputed ``C`` tile, BLOCK_M keys at a
+    time, and ``Δ_C``, read off the saved output as flash attention's backward does: ``Σ_j P_ij (dY_i · W_j) =
+    dY_i · (C W)_i``, and ``Y``'s free rows are ``C W`` (its rows ``I``, which hold ``RV``, have ``dY_C = 0``).
+    One pass over the keys; ``Y`` and ``dY`` are read sixteen columns at a time for ``Δ_C`` before ``q`` is loaded,
+    which keeps the registers below where ptxas spills (docs/flashcur.md)."""
     pid_bh = tl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
@@ -144,17 +146,20 @@ def _out_bwd_q(
     offs_d = tl.arange(0, BLOCK_D)
     n_ok = offs_n < N
     d_ok = offs_d < D
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_n[:, None] * stride_qn + offs_d[None, :],
-                mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     free = tl.load(SLOT + pid_bh * N + offs_n, mask=n_ok, other=0) < 0  # rows not overwritten by RV
     dy = tl.load(DY + b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :],
                  mask=(n_ok & free)[:, None] & d_ok[None, :], other=0.0)
-    lse = tl.load(LSE + pid_bh * N + offs_n, mask=n_ok, other=0.0)
     delta = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, M, BLOCK_M):
-        p, dp, _ = _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, start + tl.arange(0, BLOCK_M), offs_d, d_ok, D,
-                            qk_scale, M, F32_DOT, PRECISION)
-        delta += tl.sum(dp * p, 1)
+    for start in range(0, BLOCK_D, 16):  # 16 columns of Y at a time: few registers, before q is loaded
+        cols = start + tl.arange(0, 16)
+        y = tl.load(Y + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + cols[None, :],
+                    mask=n_ok[:, None] & (cols < D)[None, :], other=0.0)
+        dy_cols = tl.load(DY + b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + cols[None, :],
+                          mask=(n_ok & free)[:, None] & (cols < D)[None, :], other=0.0)
+        delta += tl.sum(dy_cols.to(tl.float32) * y.to(tl.float32), 1)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_n[:, None] * stride_qn + offs_d[None, :],
+                mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    lse = tl.load(LSE + pid_bh * N + offs_n, mask=n_ok, other=0.0)
     dq = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start in range(0, M, BLOCK_M):
         p, dp, kj = _c_chunk(q, dy, lse, KJ, W, VALIDK, pid_bh, start + tl.arange(0, BLOCK_M), offs_d, d_ok, D,

@@ -42,7 +42,8 @@ POINTER_TYPES = {
     },
     "_rv_bwd_q": {"QI": IN, "K": IN, "V": IN, "MASK": "*u8", "DRV": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DQI": "*fp32"},
     "_out_bwd_q": {
-        "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "LSE": "*fp32", "DQ": IN, "DELTA": "*fp32",
+        "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "Y": IN, "LSE": "*fp32", "DQ": IN,
+        "DELTA": "*fp32",
     },
     "_out_bwd_kw": {
         "Q": IN, "KJ": IN, "VALIDK": "*u8", "W": "*fp32", "SLOT": "*i32", "DY": IN, "LSE": "*fp32", "DELTA": "*fp32",
@@ -128,8 +129,8 @@ TILES = {
                    "scratch": [("BLOCK_N", "BLOCK_M", True, False)] * 3 + [("BLOCK_N", "BLOCK_M", False, False)]},
     "_rv_bwd_q": {"fixed": [(*_MD, False, False), (*_MD, True, False)], "loop": [(*_ND, False, True), (*_ND, True, False)],
                   "scratch": [("BLOCK_M", "BLOCK_N", False, False)]},
-    "_out_bwd_q": {"fixed": [(*_ND, False, False), (*_ND, True, False)], "loop": [(*_MD, False, True), (*_MD, True, False)] * 2,
-                   "scratch": [("BLOCK_N", "BLOCK_M", False, False)]},  # two passes over the keys, each pipelined
+    "_out_bwd_q": {"fixed": [(*_ND, False, False), (*_ND, True, False)], "loop": [(*_MD, False, True), (*_MD, True, False)],
+                   "scratch": [("BLOCK_N", "BLOCK_M", False, False)]},
     "_out_bwd_kw": {"fixed": [(*_MD, False, False), (*_MD, True, False)], "loop": [(*_ND, False, True), (*_ND, True, True)],
                     "scratch": [("BLOCK_M", "BLOCK_N", True, False), ("BLOCK_M", "BLOCK_N", False, False)]},
 }
@@ -170,6 +171,7 @@ REGISTER_EXCEPTIONS = {
     ("_out_fwd", "half", 16, 32, 16): (16, 4, 2),
     ("_rv_bwd_kv", "tf32", 32, 32, 32): (16, 4, 2),
     ("_out_bwd_q", "half", 128, 32, 16): (16, 8, 3),
+    ("_out_bwd_q", "half", 64, 128, 32): (16, 8, 2),  # since Δ_C comes from the output (ptxas holds 128 and spills 8 B)
 }
 # Tiles of the split kernels that spill 8–24 B with the rule's 8 warps on sm_90 (since the split of n) and
 # nothing with 4 on either architecture, whatever m: (kernel, operands, BLOCK_D, BLOCK_N, BLOCK_M) -> num_warps.

@@ -26,9 +26,9 @@ Tensor = torch.Tensor
 # Matrix products (each n × m × d, i.e. 2·n·m·d FLOPs per sequence and head) the kernels of each op run, for
 # ``torch.utils.flop_counter`` (registered below): rv_forward: scores, P·V; out_forward:
 # scores, P·W; rv_backward: _rv_bwd_kv (scores, Pᵀ·dRV, V·dRVᵀ, dSᵀ·Q_I) + _rv_bwd_q (scores, dRV·Vᵀ, dS·K);
-# out_backward: _out_bwd_q (two passes: scores and dY·Wᵀ for Δ, then scores, dY·Wᵀ, dS·K_J) + _out_bwd_kw
-# (scores, Pᵀ·dY, W·dYᵀ, dSᵀ·Q). u_forward runs one m × m × d product (scores).
-PRODUCTS = {"rv_forward": 2, "out_forward": 2, "rv_backward": 4 + 3, "out_backward": 5 + 4}
+# out_backward: _out_bwd_q (scores, dY·Wᵀ, dS·K_J; Δ from the saved output) + _out_bwd_kw (scores, Pᵀ·dY, W·dYᵀ,
+# dSᵀ·Q). u_forward runs one m × m × d product (scores).
+PRODUCTS = {"rv_forward": 2, "out_forward": 2, "rv_backward": 4 + 3, "out_backward": 3 + 4}
 
 
 def flops(op: str, batch_heads: int, n: int, m: int, d: int) -> int:
@@ -120,32 +120,33 @@ def out_forward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, rv: Tensor
 
 @out_forward.register_fake
 def _(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return run.token_major(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("lra_flashcur::out_backward", mutates_args=())
-def out_backward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, slot: Tensor, lse: Tensor,
+def out_backward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, slot: Tensor, y: Tensor, lse: Tensor,
                  d_y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Kernel (c)'s tiled backward (the ``C W`` part) -> ``(dQ, dK_J, dW)``: ``dQ`` in ``q``'s dtype, the m×d ones float32."""
-    return run.out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+    """Kernel (c)'s tiled backward (the ``C W`` part) -> ``(dQ, dK_J, dW)``: ``dQ`` in ``q``'s dtype, the m×d ones
+    float32; ``y`` is the forward's output (``Δ_C`` is read off it)."""
+    return run.out_backward(q, k_sel, valid_k, w, slot, y, lse, d_y)
 
 
 @out_backward.register_fake
-def _(q, k_sel, valid_k, w, slot, lse, d_y):
+def _(q, k_sel, valid_k, w, slot, y, lse, d_y):
     return q.new_empty(q.shape), *(x.new_empty(x.shape, dtype=torch.float32) for x in (k_sel, w))
 
 
 def _out_setup(ctx, inputs, output):
     q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows = inputs
-    ctx.save_for_backward(q, k_sel, valid_k, w, slot, output[1], index_q)
+    ctx.save_for_backward(q, k_sel, valid_k, w, slot, output[0], output[1], index_q)  # Y: what the next layer keeps
     ctx.m_padded = rv.shape[2]
     ctx.overwrite_rows = overwrite_rows
     ctx.set_materialize_grads(False)  # lse has no gradient: no zeros made for it
 
 
 def _out_grad(ctx, d_y, d_lse):
-    q, k_sel, valid_k, w, slot, lse, index_q = ctx.saved_tensors
-    dq, dk_sel, dw = out_backward(q, k_sel, valid_k, w, slot, lse, d_y)
+    q, k_sel, valid_k, w, slot, y, lse, index_q = ctx.saved_tensors
+    dq, dk_sel, dw = out_backward(q, k_sel, valid_k, w, slot, y, lse, d_y)
     d_rv = None
     if ctx.overwrite_rows:  # rows I of Y are RV (slots beyond index_q are padding, never written)
         d_rv = gather_rows(d_y, index_q).float()  # m rows: no n-sized float32 copy of dY

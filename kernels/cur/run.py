@@ -79,12 +79,14 @@ def out_forward(q, k_sel, valid_k, w, rv, slot):
     columns of ``C`` to keep), ``w, rv`` float32 ``(B,H,m,d)``,
     ``slot`` int32 ``(B,H,n)`` (position of each row in ``I``, −1 if not selected).
 
-    Returns ``Y`` ``(B,H,n,d)`` in ``q``'s dtype and the base-2 log-sum-exp of ``C``'s rows ``(B,H,n)``.
+    Returns ``Y`` ``(B,H,n,d)`` in ``q``'s dtype, stored token-major (``(B,n,H,d)`` memory, as flash attention
+    writes its output: the heads merge into ``(B, n, H·d)`` as a view, so the output the backward keeps is the
+    tensor the layer's output projection keeps), and the base-2 log-sum-exp of ``C``'s rows ``(B,H,n)``.
     """
     B, H, n, d = q.shape
     m = k_sel.shape[2]
     cfg = launch.config("_out_fwd", n, m, d, q)
-    out = torch.empty(B, H, n, d, device=q.device, dtype=q.dtype)
+    out = token_major(q)
     lse = torch.empty(B, H, n, device=q.device, dtype=torch.float32)
     launch.launch(
         "_out_fwd", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
@@ -94,6 +96,12 @@ def out_forward(q, k_sel, valid_k, w, rv, slot):
         loop=("slots", triton.cdiv(m, cfg.constexprs["BLOCK_M"])),
     )
     return out, lse
+
+
+def token_major(q: torch.Tensor) -> torch.Tensor:
+    """An empty ``(B,H,n,d)`` tensor like ``q`` laid out ``(B,n,H,d)`` in memory (:func:`out_forward`'s ``Y``)."""
+    batch, heads, n, d = q.shape
+    return q.new_empty(batch, n, heads, d).transpose(1, 2)
 
 
 def _strides(*tensors: torch.Tensor) -> list[int]:
@@ -128,9 +136,9 @@ def rv_backward(q_sel, k, v, key_mask, rv, lse, d_rv):
     return dq_sel.sum(2) if parts > 1 else dq_sel, dk, dv
 
 
-def out_backward(q, k_sel, valid_k, w, slot, lse, d_out):
+def out_backward(q, k_sel, valid_k, w, slot, out, lse, d_out):
     """Gradients of the ``C W`` part of kernel (c): ``dQ`` ``(B,H,n,d)`` in ``q``'s dtype, ``dK_J, dW`` float32
-    ``(B,H,m,d)``."""
+    ``(B,H,m,d)``; ``out`` is :func:`out_forward`'s ``Y``, which gives ``Δ_C``."""
     B, H, n, d = q.shape
     m = k_sel.shape[2]
     if d_out.stride(-1) != 1:
@@ -143,8 +151,8 @@ def out_backward(q, k_sel, valid_k, w, slot, lse, d_out):
     cfg = launch.config("_out_bwd_q", n, m, d, q)
     launch.launch(
         "_out_bwd_q", (B * H, triton.cdiv(n, cfg.constexprs["BLOCK_N"])), cfg,
-        q, k_sel, valid_k, w, slot, d_out, lse, dq, delta, *common, H, n, d, qk_scale, sm_scale,
-        loop=("slots", 2 * triton.cdiv(m, cfg.constexprs["BLOCK_M"])),  # two passes over the keys
+        q, k_sel, valid_k, w, slot, d_out, out, lse, dq, delta, *common, *_strides(out), H, n, d, qk_scale, sm_scale,
+        loop=("slots", triton.cdiv(m, cfg.constexprs["BLOCK_M"])),
     )
     cfg = launch.config("_out_bwd_kw", n, m, d, q)
     parts, split_n = _split("_out_bwd_kw", cfg, B * H, n, m)

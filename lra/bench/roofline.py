@@ -138,7 +138,7 @@ def _bytes(tensors) -> float:
 
 
 # FLOPs of our Triton kernels in units of B·H·n·m·d (the products each program forms; docs/flashcur.md)
-FLASHCUR_FLOPS = {"_rv_fwd": 4, "_out_fwd": 4, "_rv_bwd_kv": 8, "_rv_bwd_q": 6, "_out_bwd_q": 8, "_out_bwd_kw": 8}
+FLASHCUR_FLOPS = {"_rv_fwd": 4, "_out_fwd": 4, "_rv_bwd_kv": 8, "_rv_bwd_q": 6, "_out_bwd_q": 6, "_out_bwd_kw": 8}
 # BLOCK³ products per Newton–Schulz step (kernels/pinv/): the forward's four; the backward's three recomputing the
 # step's terms (one program per problem and step), seven on the serial chain, one summing ∂A
 PINV_PRODUCTS = {"_pinv_fwd": 4, "_pinv_bwd_terms": 3, "_pinv_bwd_steps": 7, "_pinv_bwd_grad": 1}

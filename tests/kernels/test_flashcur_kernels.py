@@ -143,8 +143,10 @@ def test_half_precision_inputs_stay_close_to_float32(dtype):
 
 
 def test_backward_saves_no_n_by_m_tensor():
-    """Bytes FlashCUR saves for backward beyond q, k, v (saved-tensor hook), per (sequence, head): O(n) log-sum-exps
-    and row slots plus m×d, m×m tensors, under half of one float32 n×m matrix (what CUR's forms save is theirs)."""
+    """Bytes FlashCUR saves for backward beyond q, k, v and its output (saved-tensor hook), per (sequence, head):
+    O(n) log-sum-exps and row slots plus m×d, m×m tensors, under half of one float32 n×m matrix (what CUR's forms
+    save is theirs). The output is saved, as flash attention saves it (``Δ_C`` is read off it), and is what the
+    layer's next product keeps anyway."""
     from attention.flashcur import flashcur_attention
     from attention.selection import select_indices
 
@@ -159,8 +161,9 @@ def test_backward_saves_no_n_by_m_tensor():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        flashcur_attention(q, k, v, key_mask, index_q, index_k, 6, True)
-    saved = {ptr: entry for ptr, entry in seen.items() if ptr not in inputs}
+        out = flashcur_attention(q, k, v, key_mask, index_q, index_k, 6, True)
+    assert out.untyped_storage().data_ptr() in seen
+    saved = {ptr: entry for ptr, entry in seen.items() if ptr not in inputs | {out.untyped_storage().data_ptr()}}
     flash = sum(size for size, _ in saved.values()) // (batch * heads)
     print(f"FlashCUR saves {flash} B per head beyond q, k, v (n={n}, d={d}, m={m}): {sorted(saved.values())}")
     assert not any(n in shape and m in shape for _, shape in saved.values())  # no n × m tensor
@@ -205,7 +208,7 @@ def test_split_kernels_match_their_equations(monkeypatch, target):
     slot.scatter_(2, index, torch.arange(m, dtype=torch.int32, device=DEVICE).expand(batch, heads, m).contiguous())
     y, lse_c = run.out_forward(q.detach(), k_sel, valid, w, rv, slot)
     d_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    dq, dk_sel, dw = run.out_backward(q.detach(), k_sel, valid, w, slot, lse_c, d_y)
+    dq, dk_sel, dw = run.out_backward(q.detach(), k_sel, valid, w, slot, y, lse_c, d_y)
     k_sel64, w64 = k_sel.double().requires_grad_(), w.double().requires_grad_()
     free = (slot < 0)[..., None].double()  # rows I were overwritten by RV: no gradient through C W
     expected = torch.autograd.grad(naive.columns_times(q64, k_sel64, valid, w64), (q64, k_sel64, w64), d_y.double() * free)
