@@ -127,10 +127,10 @@ def _tf32_pass(X, X_T: tl.constexpr, Y, Y_T: tl.constexpr, acc, BLOCK: tl.conste
 @triton.jit
 def product_in_passes(X, X_T: tl.constexpr, Y, Y_T: tl.constexpr, acc, BLOCK: tl.constexpr):
     """:func:`product` as three passes over K, one TF32 dot each: ``small·big``, ``big·small``, ``big·big`` of
-    the operands' :func:`tf32_part`, the terms and order of Triton's 3xTF32. Each pass re-reads its operands (the
-    two after the first from L1); a thread holds one pair of parts at a time, not four, which is what lets the
-    serial backward run 16 warps without spills (one 64 × 64 × 64 product on sm_90: 42 registers at 16 warps in
-    passes, 99 as 3xTF32 dots; docs/bench.md). Any other :data:`PRECISION` is :func:`product`."""
+    the operands' :func:`tf32_part`, the terms and order of Triton's 3xTF32. Each pass re-reads its operands
+    (just read by the pass before: L1/L2); a thread holds one pair of parts at a time, not four, which is what lets
+    the serial backward run 16 warps without spills (registers of both forms: docs/bench.md). Any other
+    :data:`PRECISION` is :func:`product`."""
     if PRECISION == "tf32x3":
         acc = _tf32_pass(X, X_T, Y, Y_T, acc, BLOCK, True, False)
         acc = _tf32_pass(X, X_T, Y, Y_T, acc, BLOCK, False, True)
