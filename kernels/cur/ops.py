@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
 from kernels.common.precision import autocast_off
-from kernels.common.rows import gather_rows
+from kernels.common.rows import gather_rows, token_major
 from kernels.cur import run
 
 Tensor = torch.Tensor
@@ -120,7 +120,7 @@ def out_forward(q: Tensor, k_sel: Tensor, valid_k: Tensor, w: Tensor, rv: Tensor
 
 @out_forward.register_fake
 def _(q, k_sel, valid_k, w, rv, slot, index_q, overwrite_rows):
-    return run.token_major(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return token_major(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("lra_flashcur::out_backward", mutates_args=())

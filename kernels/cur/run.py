@@ -20,6 +20,7 @@ import math
 import torch
 import triton
 
+from kernels.common.rows import token_major
 from kernels.cur import launch, merge
 
 
@@ -96,12 +97,6 @@ def out_forward(q, k_sel, valid_k, w, rv, slot):
         loop=("slots", triton.cdiv(m, cfg.constexprs["BLOCK_M"])),
     )
     return out, lse
-
-
-def token_major(q: torch.Tensor) -> torch.Tensor:
-    """An empty ``(B,H,n,d)`` tensor like ``q`` laid out ``(B,n,H,d)`` in memory (:func:`out_forward`'s ``Y``)."""
-    batch, heads, n, d = q.shape
-    return q.new_empty(batch, n, heads, d).transpose(1, 2)
 
 
 def _strides(*tensors: torch.Tensor) -> list[int]:

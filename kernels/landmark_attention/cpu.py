@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from kernels.common.build import I64, PTR, load_or_warn, source, vector_bytes
+from kernels.common.rows import token_major
 
 MAX_KEYS = 128
 
@@ -128,7 +129,7 @@ def few_keys_forward(q, k, v, bias, scale: float, l1: bool = False) -> tuple[tor
     m = k.shape[-2]
     mp = padded(m)
     kt, padded_bias = _transposed(k, mp), _padded_bias(bias, batch, heads, m, mp)
-    y = q.new_empty(batch, n, heads, d).transpose(1, 2)
+    y = token_major(q)
     row_max, row_sum = q.new_empty(2, batch, heads, n)
     status = library().landmarks_few_keys_attend_f32(
         q.data_ptr(), strides_of(q), kt.data_ptr(), padded_bias.data_ptr(), v.data_ptr(), strides_of(v), y.data_ptr(),
@@ -147,7 +148,7 @@ def few_queries_forward(q, k, v, bias, scale: float, l1: bool = False) -> tuple[
     mq = padded(m)
     qt = _transposed(q, mq)
     bias = bias.contiguous()
-    y = q.new_empty(batch, m, heads, d).transpose(1, 2)
+    y = token_major(q)
     row_max, row_sum = q.new_empty(2, batch, heads, m)
     status = library().landmarks_few_queries_attend_f32(
         qt.data_ptr(), k.data_ptr(), strides_of(k), v.data_ptr(), strides_of(v), bias.data_ptr(), bias.shape[1],
