@@ -115,7 +115,7 @@ def cur_attention(
     with autocast_off(q.device.type):
         if forms.attention == "fused" and isinstance(score, SoftmaxScore):  # n-sized stages in the inputs' dtype
             return fused_cur_attention(q, k, v.to(q.dtype), key_mask, index_q, index_k, pinv_iters, overwrite_rows,
-                                       pinv_init, forms.pinv).to(out_dtype)
+                                       pinv_init, forms.pinv, forms.rows).to(out_dtype)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         positions_mask = key_mask[:, None, :].expand(batch, heads, n)
         valid_q = positions_mask.gather(2, index_q)  # (B, H, m)
@@ -149,12 +149,13 @@ def cur_attention(
 
 
 def fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters: int, overwrite_rows: bool,
-                        pinv_init: str, pinv_form: str = "triton") -> torch.Tensor:
+                        pinv_init: str, pinv_form: str = "triton", rows_form: str = "triton") -> torch.Tensor:
     """:func:`cur_attention` with the softmax score in the ``fused`` form (:mod:`attention.impl`), in the inputs' dtype
     (bf16 under autocast) where the data is ``n``-sized and float32 where it is ``m``-sized
     (:mod:`attention.landmark_stages`: batched GEMMs over the materialised ``n × m`` weights, split over ``n``)::
 
         R V = rows_attention(Q_I, K, V, pad mask)      m queries over the n keys, float32    (B, H, m, d)
+                                                       (FlashCUR's kernel (a) with rows_form "triton")
         U   = core_weights(Q_I, K_J)                   C[I], float32                           (B, H, m, m)
         Y   = columns_attention(Q, K_J, U⁺ (R V))      n queries over the m selected keys    (B, H, n, d)
 
@@ -168,7 +169,7 @@ def fused_cur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters: int, ov
     valid_k = valid_q if index_k is index_q else positions_mask.gather(2, index_k)
     q, q_rows = _with_rows(q, index_q)  # (B, H, n, d), (B, H, m, d)
     k, k_rows = _with_rows(k, index_k)
-    rv = landmark_stages.rows_attention(q_rows, k, v, key_mask)  # (B, H, m, d) float32
+    rv = landmark_stages.rows_attention(q_rows, k, v, key_mask, rows_form)  # (B, H, m, d) float32
     u = landmark_stages.core_weights(q_rows, k_rows, valid_q, valid_k)  # (B, H, m, m) float32
     w, rv = paths.product_and_rows(iterative_pinv(u, pinv_iters, pinv_init, form=pinv_form), rv)  # U⁺ (R V)
     y = landmark_stages.columns_attention(q, k_rows, w, valid_k)  # C W, (B, H, n, d)

@@ -59,9 +59,9 @@ def _slot_numbers(m: int, device: torch.device) -> torch.Tensor:
 
 def _padded_size(m: int) -> int:
     """The smallest kernel size in ``kernels.cur.launch.SUPPORTED_M`` that holds ``m`` slots."""
-    for size in kernel_launch.SUPPORTED_M:
-        if m <= size:
-            return size
+    size = kernel_launch.padded_m(m)
+    if size is not None:
+        return size
     raise ValueError(
         f"FlashCUR supports at most {kernel_launch.SUPPORTED_M[-1]} selected rows (attention.num_landmarks), got {m}; "
         "lower attention.num_landmarks or use attention=curformer"

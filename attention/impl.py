@@ -8,8 +8,8 @@ variant runs, as Hugging Face's ``attn_implementation`` or flash-linear-attentio
   ``d`` a multiple of the vector width, at most 128 landmarks; eager, outside dispatch modes: a ctypes call cannot be
   traced), else that op's PyTorch form, the same maths;
 * ``fused``: the forms written for GPUs (:mod:`attention.landmark_stages`: batched GEMMs over the ``n × m`` weights
-  split over ``n`` in the inputs' dtype, selection by sorting chunks, no host sync), with the Triton pseudo-inverse
-  and landmark means where they run;
+  split over ``n`` in the inputs' dtype, selection by sorting chunks, no host sync), with the Triton pseudo-inverse,
+  landmark means and rows stage (``Forms.rows``: FlashCUR's rows kernels) where they run;
 * ``triton``: the method's own Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``).
 
 :data:`TABLE` maps ``(family, impl)`` to the devices it runs on, the dtypes it takes and, per device, the form of
@@ -48,6 +48,7 @@ class Forms:
     pinv: str | None = None
     selection: str | None = None
     landmarks: str | None = None  # Nyström's landmark means and sequence conv
+    rows: str | None = None  # the fused forms' rows stage (CUR's R V, Nyström's k3 V): attention.landmark_stages
 
     def record(self) -> dict[str, str]:
         """The ops this variant has and their forms, e.g. ``{"attention": "cpu", "pinv": "cpu", ...}``."""
@@ -64,9 +65,10 @@ class Row:
 
 
 _CPU_CUR = Forms("cpu", pinv="cpu", selection="cpu")
-_FUSED_CUR_GPU = Forms("fused", pinv="triton", selection="fused")
+_FUSED_CUR_GPU = Forms("fused", pinv="triton", selection="fused", rows="triton")
 _CPU_NYSTROM = Forms("cpu", pinv="cpu", landmarks="cpu")
-_FUSED_NYSTROM_GPU = Forms("fused", pinv="triton", landmarks="triton")
+_FUSED_NYSTROM_GPU = Forms("fused", pinv="triton", landmarks="triton", rows="triton")
+_FUSED_ROWS_CPU = "triton" if interpreted() else "fused"  # FlashCUR's rows kernels run on CPU in the interpreter
 
 TABLE: dict[tuple[str, str], Row] = {
     # CUR (curformer, l1_cur, megacur): CURAttention and its subclasses
@@ -75,9 +77,10 @@ TABLE: dict[tuple[str, str], Row] = {
     ("cur", "pytorch"): Row({ANY: Forms("pytorch", pinv="pytorch", selection="pytorch")},
                             why="SDPA / materialised scores, bmm steps, topk selection"),
     ("cur", "fused"): Row({"cuda": _FUSED_CUR_GPU, "meta": _FUSED_CUR_GPU,
-                           "cpu": Forms("fused", pinv="pytorch", selection="fused")},
-                          why="softmax score: the split-K landmark stages (other scores: their PyTorch products); "
-                              "the pseudo-inverse in Triton on CUDA for float32 and m <= 64, else bmm steps"),
+                           "cpu": Forms("fused", pinv="pytorch", selection="fused", rows=_FUSED_ROWS_CPU)},
+                          why="softmax score: the landmark stages split over n, R V by FlashCUR's rows kernels "
+                              "where they take the shape (other scores: their PyTorch products); the pseudo-inverse "
+                              "in Triton on CUDA for float32 and m <= 64, else bmm steps"),
     # FlashCUR: the same CUR, its products in Triton; the pseudo-inverse by the C++ kernel on CPU (interpreter)
     ("flashcur", "triton"): Row({"cuda": Forms("triton", pinv="triton", selection="fused"),
                                  "meta": Forms("triton", pinv="triton", selection="fused"),
@@ -90,9 +93,11 @@ TABLE: dict[tuple[str, str], Row] = {
     ("nystrom", "pytorch"): Row({ANY: Forms("pytorch", pinv="pytorch", landmarks="pytorch")},
                                 why="SDPA, scatter_add segment sums, banded-matrix conv, bmm steps"),
     ("nystrom", "fused"): Row({"cuda": _FUSED_NYSTROM_GPU, "meta": _FUSED_NYSTROM_GPU,
-                               "cpu": Forms("fused", pinv="pytorch", landmarks="triton" if interpreted() else "pytorch")},
-                              why="split-K landmark stages, Triton landmark means where they run (else one SDPA "
-                                  "call), one depthwise conv2d"),
+                               "cpu": Forms("fused", pinv="pytorch", landmarks="triton" if interpreted() else "pytorch",
+                                            rows=_FUSED_ROWS_CPU)},
+                              why="landmark stages split over n (k3 V by FlashCUR's rows kernels where they take the "
+                                  "shape), Triton landmark means where they run (else one SDPA call), one depthwise "
+                                  "conv2d"),
     # exact L1-distance attention
     ("l1", "cpu"): Row({"cpu": Forms("cpu")}, why="query-chunked C++ distances and sign gradients, dropout inside (kernels.l1.cpu)"),
     ("l1", "pytorch"): Row({ANY: Forms("pytorch")}, why="cdist and the materialised n x n weights"),

@@ -40,6 +40,8 @@ import torch
 from attention import paths
 from attention.paths import masked_value
 from kernels.common.launch import TWO_WAVES
+from kernels.cur import launch as cur_launch
+from kernels.cur import ops as cur_ops
 
 
 MIN_CHUNK = 64  # fewest tokens a chunk holds where n allows: shorter ones make the partials outgrow the input
@@ -188,9 +190,24 @@ def core_weights(q_rows: torch.Tensor, k_rows: torch.Tensor, valid_rows: torch.T
     return torch.where(valid_rows[..., None], weights, paths.identity(q_rows.shape[-2], dtype, q_rows.device))
 
 
-def rows_attention(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+def rows_attention(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                   form: str = "fused") -> torch.Tensor:
     """``softmax(s Q_m Kᵀ + pad mask) V`` float32 ``(B, H, m, d)`` for ``q_rows`` ``(B, H, m, d)``, ``k, v`` ``(B, H, n, d)``
-    of one dtype and ``key_mask`` bool ``(B, n)`` (True = attend); ``n`` in :func:`chunks` (pads masked)."""
+    of one dtype and ``key_mask`` bool ``(B, n)`` (True = attend); ``n`` in :func:`chunks` (pads masked).
+
+    ``form`` (``attention.impl``'s ``Forms.rows``): ``triton`` runs FlashCUR's kernel (a) and its backward
+    (:func:`kernels.cur.ops.rv_forward`: an online softmax over ``n``, split over ``n`` and merged by one kernel;
+    nothing ``n × m`` is stored, forward or backward: two Triton kernels forward and two backward, with a few
+    ``m``-sized operators, where this module's stage launches 12 and 17 kernels) where they take the operands
+    (:func:`kernels.cur.launch.rows_fit`: at most 128 rows, padded with zero rows to 16, 32, 64 or 128, their
+    results cut off; 16 ≤ d ≤ 128; float32, float16 or bfloat16 tiles within the GPU's shared memory); else, and
+    with ``fused``, the split-K stage above."""
+    m, d = q_rows.shape[-2:]
+    if form == "triton" and q_rows.dtype == k.dtype == v.dtype and cur_launch.rows_fit(m, d, k.dtype, k.device):
+        size = cur_launch.padded_m(m)
+        rows = torch.nn.functional.pad(q_rows, (0, 0, 0, size - m)) if size > m else q_rows.contiguous()
+        rv, _ = cur_ops.rv_forward(rows, k, v, key_mask)  # (B, H, size, d) float32
+        return rv[:, :, :m] if size > m else rv
     batch, heads, n, _ = k.shape
     c, length = chunks(n, batch * heads)
     mask = chunked(key_mask[..., None], c, length, False)[..., 0]  # (B, c, L)

@@ -271,7 +271,7 @@ class NystromAttention(nn.Module):
         # (B, H, m, d) each, float32 from the kernels; the validity of the m landmarks (B, H or 1, m)
         q_land, k_land, _, valid = landmark_means(q, k, key_mask, m, forms.landmarks)
         k2 = landmark_stages.core_weights(q_land, k_land, valid, valid)  # (B, H, m, m) float32
-        k3v = landmark_stages.rows_attention(q_land.to(q.dtype), k, v, key_mask)  # (B, H, m, d) float32
+        k3v = landmark_stages.rows_attention(q_land.to(q.dtype), k, v, key_mask, forms.rows)  # (B, H, m, d) float32
         w = iterative_pinv(k2, self.pinv_iters, self.pinv_init, form=forms.pinv) @ k3v  # (B, H, m, d) float32
         y = landmark_stages.columns_attention(q, k_land, w, valid)  # k1 W, (B, H, n, d)
         return y if self.conv is None else y + self.conv.fused(v, key_mask)

@@ -84,6 +84,33 @@ def check_m(m: int) -> None:
         )
 
 
+def padded_m(m: int) -> int | None:
+    """The smallest of :data:`SUPPORTED_M` that holds ``m`` slots (the rest inert), None above the largest."""
+    return next((size for size in SUPPORTED_M if m <= size), None)
+
+
+ROWS_KERNELS = ("_rv_fwd", "_rv_bwd_kv", "_rv_bwd_q")  # kernel (a) and its backward: R V alone
+
+
+@torch.compiler.assume_constant_result  # compiled code: decided once while tracing, not traced through the caches
+def rows_fit(m: int, d: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether kernel (a) and its backward (:data:`ROWS_KERNELS`) take ``m`` rows (padded to :func:`padded_m`),
+    head dim ``d`` and operands of ``dtype`` (float32, float16 or bfloat16) on ``device``: tiles within its shared
+    memory (:func:`launch_config`, which raises where nothing fits). For the fused CUR and Nyström forms, which run
+    their split-K rows stage where this is False (:func:`attention.landmark_stages.rows_attention`)."""
+    size = padded_m(m)
+    if size is None or not 16 <= d <= 128 or dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    capability, interpreter = common.device_capability(device), common.runs_interpreted(device)
+    try:
+        for kernel in ROWS_KERNELS:  # the largest tiles (n 2^16): any shorter n fits if this does
+            launch_config(kernel, 1 << 16, size, d, dtype, capability, tf32=torch.backends.cuda.matmul.allow_tf32,
+                          interpreter=interpreter)
+    except ValueError:
+        return False
+    return True
+
+
 def block_sizes(n: int, m: int, d: int) -> dict[str, int]:
     """The largest tile sizes for ``n`` tokens, ``m`` slots, head_dim ``d`` (powers of two, ≥ 16), before any
     architecture limit: ``BLOCK_N = min(64, next_pow2(n))``, ``BLOCK_M = min(m, 64)``, ``BLOCK_D = next_pow2(d)``.

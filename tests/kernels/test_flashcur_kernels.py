@@ -244,3 +244,40 @@ def test_bf16_inputs_against_float64():
           f"(≤ {8 * u:.1e})")
     assert error <= 4 * u
     assert max(grad_errors) <= 8 * u
+
+
+# ---- kernel (a) as the fused CUR and Nyström forms' rows stage (attention.impl's Forms.rows) -------------------
+
+
+@pytest.mark.parametrize("m", [16, 5, 20], ids=lambda m: f"m{m}")  # a kernel size; padded to 16; padded to 32
+def test_rows_stage_by_kernel_a_is_the_dense_masked_softmax(m):
+    """``landmark_stages.rows_attention(..., "triton")``: ``R V`` and its gradients against float64 dense softmax
+    (n 37, head dim 24, pads in the last sequence), ``m`` rows padded with zero rows to the kernels' size and cut
+    off; the kernel ran (its FLOP formula counted), and where it cannot take the rows (m 200) the split-K stage
+    runs instead."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attention import impl, landmark_stages
+
+    assert impl.resolve("cur", "fused", DEVICE, torch.float32).rows == "triton"
+    assert impl.resolve("nystrom", "fused", DEVICE, torch.float32).rows == "triton"
+    q, k, v, key_mask = make_inputs(2, 2, 37, 24, pad_last=9, seed=3)
+    q_rows = (q.detach()[:, :, :m] * 2).requires_grad_()  # sharper rows than the tokens' own
+    with FlopCounterMode(display=False) as counter:
+        rv = landmark_stages.rows_attention(q_rows, k, v, key_mask, "triton")
+    assert torch.ops.lra_flashcur.rv_forward in counter.get_flop_counts()["Global"]
+    assert rv.shape == (2, 2, m, 24) and rv.dtype == torch.float32
+    leaves64 = [x.detach().double().requires_grad_() for x in (q_rows, k, v)]
+    scores = (leaves64[0] @ leaves64[1].mT / 24**0.5).masked_fill(~key_mask[:, None, None, :], -torch.inf)
+    ref = torch.softmax(scores, -1) @ leaves64[2]
+    torch.testing.assert_close(rv.double(), ref, atol=1e-5, rtol=1e-5)
+    probe = torch.randn(ref.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(DEVICE)
+    grads = torch.autograd.grad((rv.double() * probe).sum(), (q_rows, k, v))
+    for grad, expected in zip(grads, torch.autograd.grad((ref * probe).sum(), leaves64)):
+        torch.testing.assert_close(grad.double(), expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
+    assert grads[1][1, :, -9:].abs().max() == 0 and grads[2][1, :, -9:].abs().max() == 0  # pads get nothing
+
+    wide = torch.randn(1, 1, 200, 24, device=DEVICE)
+    with FlopCounterMode(display=False) as counter:
+        landmark_stages.rows_attention(wide, k[:1, :1].detach(), v[:1, :1].detach(), key_mask[:1], "triton")
+    assert torch.ops.lra_flashcur.rv_forward not in counter.get_flop_counts()["Global"]
