@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attention import landmark_stages
 from lra.bench import common, launches, roofline
 from lra.bench.__main__ import main
 from lra.bench.plan import Kernel, aten_kernel, compare, plan_variant, trace, violations
@@ -54,6 +55,20 @@ def test_the_rules_catch_a_skinny_float32_attention_call():
     assert any("float32 n-sized tensor" in reasons for reasons in broken.values())  # the float32 copies of k, v
 
 
+class _SplitKRows(nn.Module):
+    """The fused forms' split-K rows stage, which runs where kernel (a) cannot take the rows (Nyström-256)."""
+
+    def forward(self, q, k, v, key_mask):
+        return landmark_stages.rows_attention(q[:, :, :256].contiguous(), k, v, key_mask, "fused")
+
+
+@pytest.mark.parametrize("n", [1999, 4096])
+def test_the_split_k_rows_stage_keeps_the_rules(n):
+    kernels = _planned(_SplitKRows(), n)
+    assert [(k.kernel, violations(k, torch.bfloat16)) for k in kernels if violations(k, torch.bfloat16)] == []
+    assert any(k.kernel == "amax" for k in kernels) and not any("lra_flashcur" in k.kernel for k in kernels)
+
+
 def test_grid_rules_by_hand():
     a, b = torch.empty(16, 4096, 32, device="meta"), torch.empty(16, 32, 64, device="meta")
     gemm = aten_kernel(torch.ops.aten.bmm.default, (a, b), {}, torch.empty(16, 4096, 64, device="meta"), "forward")
@@ -80,6 +95,10 @@ def test_plan_command_rules_hold_for_the_landmark_variants(tmp_path):
             assert [r for r in planned if r["violation"]] == [], variant
             assert any(r["n_dependent"] == "True" for r in planned)  # the comparison with 2n ran
             assert all(r["n_sized_dtypes"] in ("", "bfloat16") for r in planned)
+    for variant in ("curformer", "nystromformer"):  # their rows stage by FlashCUR's kernel (a): Forms.rows
+        names = {r["kernel"] for r in rows if r["variant"] == variant}
+        assert {"lra_flashcur::rv_forward:_rv_fwd", "lra_flashcur::rv_backward:_rv_bwd_q"} <= names, variant
+        assert "amax" not in names  # the split-K stage's masked maximum
     softmax = [r for r in rows if r["variant"] == "softmax" and r["batch"] == "8"]
     attention = [r for r in softmax if "attention" in r["kernel"]]
     assert [int(r["programs"]) for r in attention] == [8 * 2 * 4096 // 64] * 2  # SDPA: 64 queries (keys) a program
