@@ -26,9 +26,23 @@ copy them into a reference); k > 0 draws new ones, from the device's default gen
 forward (performer-pytorch's ``feature_redraw_interval``, default 1000; the paper's experiments redraw
 periodically during training). The draw and the choice run as tensor ops every training step (a few d × d QRs,
 small against the attention), with the step counter a buffer, so there is no host sync and ``torch.compile``
-sees one graph. The tables' runs (Nyströmformer's LRA code, which the Proxyformer paper uses) went through
-performer-pytorch's ``FastAttention``, which redraws only when its caller asks; we could not read that file
-(it is not in the stored copy of mlpen/Nystromformer), so the default here is 0, never.
+sees one graph. The tables' runs went through Nyströmformer's LRA code (mlpen/Nystromformer,
+``LRA/code/attention_performer.py``; the Proxyformer paper's Table 1 builds on it), which calls performer-pytorch's
+``FastAttention`` directly, without its ``ProjectionUpdater``: its features are never redrawn, so the default here
+is 0, never. That file differs from this module, and from the paper, in two ways we do not copy:
+
+* it scales ``Q`` and ``K`` by ``d^{-1/4}`` before ``FastAttention``, whose ``softmax_kernel`` scales them by
+  ``d^{-1/4}`` again (``normalize_data=True``), so it estimates ``exp(qᵀk / d)``, not ``exp(qᵀk / √d)``: scores
+  √d times flatter (5.7× at the LRA head dim of 32);
+* it masks pads by zeroing their keys and values, so each pad stays in ``D̂`` as a key of score 0 (weight
+  ``exp(0)``): its ListOps examples are padded to 2,048 tokens (``LRA/datasets/listops.py``: LRA's 2,000 and 48
+  zeros), so every sequence shorter than that gets a share of its attention weight sent to zero values.
+
+Its config's ``kernel_type: relu`` changes nothing (``kernel_fn`` is read only with ``generalized_attention``).
+``lra_code=True`` computes what that file computes (with ``eps=1e-4``, performer-pytorch's): ``Q, K`` scaled by
+``d^{-1/2}``, pad keys and values zeroed and counted in ``D̂``, the key shift over every key. It exists to test
+whether those two differences explain the tables' below-chance Performer (docs/results.md); padding changes real
+tokens' outputs in it, by construction.
 
 Defaults: 256 features (the LRA paper's and the CUR table's Performer, Proxyformer's "Performer-256*");
 Proxyformer's "Performer-128" row is ``attention.num_features=128``.
@@ -81,7 +95,7 @@ class PerformerAttention(nn.Module):
     """FAVOR+ bidirectional attention with positive orthogonal random features (see the module docstring)."""
 
     def __init__(self, num_heads: int, head_dim: int, num_features: int = 256, redraw_interval: int = 0,
-                 eps: float = 1e-6, seed: int = 0):
+                 eps: float = 1e-6, seed: int = 0, lra_code: bool = False):
         super().__init__()
         check_positive_int(num_features, "num_features")
         if isinstance(redraw_interval, bool) or not isinstance(redraw_interval, int) or redraw_interval < 0:
@@ -92,6 +106,9 @@ class PerformerAttention(nn.Module):
         self.head_dim = head_dim
         self.redraw_interval = redraw_interval
         self.eps = eps
+        if not isinstance(lra_code, bool):
+            raise ValueError(f"attention.lra_code must be true or false, got {lra_code!r}")
+        self.lra_code = lra_code
         generator = torch.Generator().manual_seed(seed)
         self.register_buffer("features", orthogonal_gaussian_features(num_features, head_dim, generator=generator))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
@@ -108,12 +125,16 @@ class PerformerAttention(nn.Module):
             self.redraw()
         dtype = torch.promote_types(q.dtype, torch.float32)
         with autocast_off(q.device.type):
-            scale = self.head_dim**-0.25
             omega = self.features.to(dtype)
             real = key_mask[:, None, :, None]
-            q_prime = positive_features(q.to(dtype) * scale, omega, self.eps, None)  # (B, H, n, m)
-            k_prime = positive_features(k.to(dtype) * scale, omega, self.eps, real)  # (B, H, n, m), pads 0
-            context = k_prime.transpose(-1, -2) @ v.to(dtype)  # (B, H, m, d): K'ᵀ V
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+            if self.lra_code:  # mlpen/Nystromformer's LRA code (module docstring): d^{-1/4} twice, pads as zero keys
+                scale, k, v, keys = self.head_dim**-0.5, k * real, v * real, torch.ones_like(real)
+            else:
+                scale, keys = self.head_dim**-0.25, real
+            q_prime = positive_features(q * scale, omega, self.eps, None)  # (B, H, n, m)
+            k_prime = positive_features(k * scale, omega, self.eps, keys)  # (B, H, n, m), pads 0 (lra_code: φ(0))
+            context = k_prime.transpose(-1, -2) @ v  # (B, H, m, d): K'ᵀ V
             normaliser = q_prime @ k_prime.sum(-2).unsqueeze(-1)  # (B, H, n, 1): Q' (K'ᵀ 1)
             out = (q_prime @ context) / normaliser.clamp_min(torch.finfo(dtype).tiny)
         return out.to(q.dtype)

@@ -34,6 +34,22 @@ def test_matches_performer_pytorch_with_padding():
     assert max_real_error(attn(q, k, v, mask), reference(attn, q, k, v, [21, 13]), mask) < 1e-12
 
 
+def test_lra_code_is_the_nystromformer_lra_call_of_performer_pytorch():
+    """``attention.lra_code=true`` against mlpen/Nystromformer's ``LRA/code/attention_performer.py`` call, run whole
+    on the padded batch: ``FastAttention(Q / d^¼, K / d^¼ · mask, V · mask)``; the pads then change the real rows
+    (they are keys of score 0 in its normaliser), which the default form's padding test forbids."""
+    q, k, v = random_qkv(n=21, d=8)
+    mask = padded_mask(2, 21, [21, 13])
+    attn = build_attention(compose_config(["attention=performer", "attention.num_features=20", "attention.eps=1e-4",
+                                           "attention.lra_code=true"]).attention, 2, 8).double()
+    fast = FastAttention(dim_heads=8, nb_features=20).double()
+    fast.projection_matrix.copy_(attn.features)
+    pads = mask[:, None, :, None]
+    expected = fast(q * 8**-0.25, k * 8**-0.25 * pads, v * pads)
+    torch.testing.assert_close(attn(q, k, v, mask), expected, rtol=1e-12, atol=1e-12)
+    assert max_real_error(attn(q, k, v, mask), reference(attn, q, k, v, [21, 13]), mask) > 1e-3  # not our form
+
+
 def test_features_are_orthogonal_within_a_block_and_seeded():
     omega = orthogonal_gaussian_features(20, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     directions = omega / omega.norm(dim=-1, keepdim=True)
@@ -84,7 +100,8 @@ def test_redraw_every_k_training_steps_only():
 
 @pytest.mark.parametrize("key, value, match", [("num_features", 0, "attention.num_features"),
                                                 ("redraw_interval", -1, "attention.redraw_interval"),
-                                                ("eps", -1e-3, "attention.eps")])
+                                                ("eps", -1e-3, "attention.eps"),
+                                                ("lra_code", "yes", "attention.lra_code")])
 def test_bad_settings_name_their_key(key, value, match):
     with pytest.raises(ValueError, match=match):
         PerformerAttention(2, 8, **{key: value})
