@@ -198,7 +198,7 @@ def rows_attention(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_m
     ``form`` (``attention.impl``'s ``Forms.rows``): ``triton`` runs FlashCUR's kernel (a) and its backward
     (:func:`kernels.cur.ops.rv_forward`: an online softmax over ``n``, split over ``n`` and merged by one kernel;
     nothing ``n × m`` is stored, forward or backward: two Triton kernels forward and two backward, with a few
-    ``m``-sized operators, where this module's stage launches 12 and 17 kernels) where they take the operands
+    ``m``-sized operators, where this module's stage launches 12 and 16 kernels) where they take the operands
     (:func:`kernels.cur.launch.rows_fit`: at most 128 rows, padded with zero rows to 16, 32, 64 or 128, their
     results cut off; 16 ≤ d ≤ 128; float32, float16 or bfloat16 tiles within the GPU's shared memory); else, and
     with ``fused``, the split-K stage above."""

@@ -3,8 +3,9 @@
 # `scripts/gpu_perf.sh speed [OUT_DIR]` (the default, about 6 minutes on an H100/H200): steps 1-3 eager and the
 # kernel profile (2b); `scripts/gpu_perf.sh compiled [OUT_DIR]` (about 10 more): step 3b, step 3 compiled, steps 4-5.
 #   1. kernel launches per attention layer forward + backward (meta device, as the CUDA path runs), the launch plan
-#      (lra.bench plan: grid, serial loop and dtypes of each kernel, to read beside the profile of 2b), and the fused
-#      pseudo-inverse against its PyTorch form (lra.bench pinv)
+#      (lra.bench plan: grid, serial loop and dtypes of each kernel, to read beside the profile of 2b), the fused
+#      pseudo-inverse against its PyTorch form (lra.bench pinv), and the fused forms' rows stage by FlashCUR's
+#      kernel (a) against its split-K form (lra.bench rows: the choice attention.impl's Forms.rows made by prediction)
 #   2. attention forward + backward, bf16, B 8, H 2, d 32, n 1024..16384 (CUR, FlashCUR, Nyström vs SDPA and the
 #      materialised Transformer), then the CUR paper's Fig. 4 shapes: B 64, H 16, d 64, m 64, n 1024..4096
 #      (steps 1-2 time medians of 7 calls after 2 warm-up calls: 10 after 3 before step 2b, whose time came from there)
@@ -38,11 +39,13 @@ if [[ "${GPU_PERF_SMOKE:-0}" == 1 ]]; then  # tiny shapes on the CPU: checks the
   TEXT=(--n 128 --batch 2) ; LISTOPS=(--n 128 --batch 2) ; STEPS=(--steps 1 --warmup 0) ; REPEATS=(--warmup 0 --repeats 1)
   PROFILE=(--n 64 --batch 2 --heads 2 --head-dim 16 --warmup 0 --repeats 1) ; TABLE2=(--n 128 --batch 2)
   TRAIN_STEPS=2 ; TASK=listops_small ; T=${GPU_PERF_STEP_TIMEOUT:-600} ; ONLY_CHECK=()
+  ROWS=(--n 64 97 --batch 2 --heads 2 --head-dim 16 --landmarks 16)
 else
   DEVICE=(--device cuda) ; DTYPE=bf16 ; N_ATTN=(1024 4096 16384) ; N_FIG4=(1024 2048 4096) ; FIG4=(--batch 64 --heads 16 --head-dim 64)
   TEXT=(--n 4096 --batch 32) ; LISTOPS=(--n 2000 --batch 32) ; STEPS=(--steps 10 --warmup 3) ; REPEATS=(--warmup 2 --repeats 7)
   PROFILE=(--n 4096 --batch 8 --heads 2 --head-dim 32 --warmup 2 --repeats 3) ; TABLE2=(--n 2048 4096 --batch 32)
   TRAIN_STEPS=20 ; TASK=listops_small ; T=${GPU_PERF_STEP_TIMEOUT:-150} ; ONLY_CHECK=(--only kernels meta)
+  ROWS=(--n 1024 4096 16384 --batch 8 --heads 2 --head-dim 32 --landmarks 64)
 fi
 VARIANTS=(curformer flashcur nystromformer)
 FAILED=0
@@ -67,6 +70,7 @@ if [[ $PART == speed ]]; then
   step launches "$T" "$PYTHON" -m lra.bench launches --out "$OUT/launches"
   step plan "$T" "$PYTHON" -m lra.bench plan --out "$OUT/plan"
   step pinv "$T" "$PYTHON" -m lra.bench pinv "${DEVICE[@]}" --m 32 64 --problems 16 256 1024 "${REPEATS[@]}" --out "$OUT/pinv"
+  step rows "$T" "$PYTHON" -m lra.bench rows "${DEVICE[@]}" --dtype "$DTYPE" "${ROWS[@]}" "${REPEATS[@]}" --out "$OUT/rows"
   step attention "$T" "$PYTHON" -m lra.bench attention "${DEVICE[@]}" --dtype "$DTYPE" --n "${N_ATTN[@]}" --batch 8 --heads 2 \
     --head-dim 32 "${REPEATS[@]}" --variants "${VARIANTS[@]}" --variant-overrides --out "$OUT/attention"
   step attention_fig4 "$T" "$PYTHON" -m lra.bench attention "${DEVICE[@]}" --dtype "$DTYPE" --n "${N_FIG4[@]}" "${FIG4[@]}" \

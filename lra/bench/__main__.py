@@ -1,21 +1,21 @@
-"""``python -m lra.bench {attention,train,compile_breaks,profile,pinv,launches,plan,fingerprint} [options]`` (``--help`` on each subcommand lists them)."""
+"""``python -m lra.bench {attention,train,compile_breaks,profile,pinv,rows,launches,plan,fingerprint} [options]`` (``--help`` on each subcommand lists them)."""
 
 from __future__ import annotations
 
 import argparse
 
-from lra.bench import attention, compile_breaks, fingerprint, launches, pinv, plan, profile, train
+from lra.bench import attention, compile_breaks, fingerprint, launches, pinv, plan, profile, rows, train
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
     for name, module in (("attention", attention), ("train", train), ("compile_breaks", compile_breaks),
-                         ("profile", profile), ("pinv", pinv), ("launches", launches), ("plan", plan),
+                         ("profile", profile), ("pinv", pinv), ("rows", rows), ("launches", launches), ("plan", plan),
                          ("fingerprint", fingerprint)):
         sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        if module not in (profile, pinv):  # profile names its own --variant list, pinv none
+        if module not in (profile, pinv, rows):  # profile names its own --variant list, pinv and rows none
             sub.add_argument("--variants", nargs="+", default=None,
                              help="names of configs/attention/*.yaml (default: all; plan: curformer flashcur "
                                   "nystromformer); softmax is always included")

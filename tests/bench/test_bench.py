@@ -396,3 +396,18 @@ def test_flop_counter_sees_custom_ops_with_a_registered_formula():
     a, b = torch.randn(4, 5), torch.randn(5, 3)
     assert common.count_flops(lambda: scaled_mm(a, b)) == 2 * 4 * 5 * 3
     assert common.count_flops(lambda: no_formula(a, b)) == 0
+
+
+def test_bench_rows_on_cpu(tmp_path):
+    """``python -m lra.bench rows``: the split-K stage timed, with its errors against float64 dense softmax within
+    float32's; kernel (a) skipped off CUDA with the reason; the launches of both counted on ``meta`` (kernel (a)'s
+    custom ops once each: fewer than the split-K stage's GEMMs, masks and reductions)."""
+    main(["rows", "--device", "cpu", "--n", "97", "--batch", "2", "--heads", "2", "--head-dim", "16", "--landmarks",
+          "20", "--warmup", "0", "--repeats", "1", "--threads", "1", "--out", str(tmp_path)])
+    with (tmp_path / "rows.csv").open() as handle:
+        rows = {row["form"]: row for row in csv.DictReader(handle)}
+    kernel, split_k = rows["triton"], rows["fused"]
+    assert (kernel["status"], kernel["reason"]) == ("skipped", "kernel (a) needs a CUDA device")
+    assert split_k["status"] == "ok" and float(split_k["fwd_s"]) > 0 and float(split_k["fwdbwd_s"]) > 0
+    assert 0 < float(split_k["error_fwd"]) < 1e-5 and 0 < float(split_k["error_grad"]) < 1e-5
+    assert int(kernel["launches_fwdbwd"]) < int(split_k["launches_fwd"]) < int(split_k["launches_fwdbwd"])

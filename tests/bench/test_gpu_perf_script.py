@@ -27,7 +27,7 @@ def test_speed_part_runs_every_step_on_the_cpu(tmp_path):
     result = run_script("speed", tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert result.returncode == 0, summary
-    for step in ("launches", "plan", "pinv", "attention", "attention_fig4", "profile", "train_text", "train_listops"):
+    for step in ("launches", "plan", "pinv", "rows", "attention", "attention_fig4", "profile", "train_text", "train_listops"):
         assert f"## {step}: ok" in summary
     assert "curformer: one layer, B 8" in (tmp_path / "plan.log").read_text()  # the plan, as on the GPU
     profile = (tmp_path / "profile.log").read_text()  # the kernel profile (operators on the CPU), FlashCUR skipped
