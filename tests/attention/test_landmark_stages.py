@@ -150,4 +150,3 @@ def test_fused_nystrom_in_bf16_is_within_its_dtype_tolerance_of_float64(monkeypa
     real = mask[:, None, :, None]
     torch.testing.assert_close(y * real, y_ref * real,
                                **tolerance(torch.bfloat16, 96, scale=y_ref.abs().max().item(), accumulate=torch.float32))
-
