@@ -33,7 +33,7 @@ is 0, never. That file differs from this module, and from the paper, in two ways
 
 * it scales ``Q`` and ``K`` by ``d^{-1/4}`` before ``FastAttention``, whose ``softmax_kernel`` scales them by
   ``d^{-1/4}`` again (``normalize_data=True``), so it estimates ``exp(qᵀk / d)``, not ``exp(qᵀk / √d)``: scores
-  √d times flatter (5.7× at the LRA head dim of 32);
+  √d times flatter (√32 at the LRA head dim of 32);
 * it masks pads by zeroing their keys and values, so each pad stays in ``D̂`` as a key of score 0 (weight
   ``exp(0)``): its ListOps examples are padded to 2,048 tokens (``LRA/datasets/listops.py``: LRA's 2,000 and 48
   zeros), so every sequence shorter than that gets a share of its attention weight sent to zero values.
