@@ -250,6 +250,12 @@ def cuda_peak_bytes(fn: Callable[[], object], device: torch.device) -> int | Non
     return int(torch.cuda.max_memory_allocated(device) - before)
 
 
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """``max |value − reference| / max |reference|`` (the plain largest difference where the reference is all 0)."""
+    scale = reference.abs().max().item()
+    return (value - reference).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
 def add_ratios(rows: list[dict], group_keys: tuple[str, ...], reference: Callable[[dict], bool],
                ratios: dict[str, tuple[str, bool]]) -> None:
     """Fill ``ratios`` columns in place against the reference row of the same group.

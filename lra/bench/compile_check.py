@@ -48,12 +48,6 @@ def without_dropout(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """``max |value − reference| / max |reference|`` (the plain largest difference where the reference is all 0)."""
-    scale = reference.abs().max().item()
-    return (value - reference).abs().max().item() / (scale if scale > 0 else 1.0)
-
-
 def training_step(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
                   labels: torch.Tensor, seed: int | None = None) -> dict[str, torch.Tensor]:
     """Logits, loss and each parameter's gradient (``grad/<name>``) of one forward and backward; from ``seed``
@@ -110,7 +104,7 @@ def compare(cfg: DictConfig, device: torch.device, batch: int = 3, lengths: tupl
         if got.keys() != want.keys():
             raise AssertionError(f"the compiled step gave other tensors: {sorted(got.keys() ^ want.keys())}")
         for name in ("logits", "loss"):
-            result[name] = max(result[name], relative_error(got[name], want[name]))
+            result[name] = max(result[name], common.relative_error(got[name], want[name]))
         names = [name for name in want if name.startswith("grad/")]
         gaps = {name: (got[name] - want[name]).abs().max().item() for name in names}
         worst = max(gaps, key=gaps.get)

@@ -87,11 +87,8 @@ def errors(form, problems: int, m: int, iters: int, device: torch.device) -> dic
     leaf = matrices.clone().requires_grad_()
     z = form(leaf, iters)
     (grad,) = torch.autograd.grad((z * probe.to(z)).sum(), leaf)
-
-    def share(got: torch.Tensor, want: torch.Tensor) -> float:
-        return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-    return {"error_fwd": share(z, reference), "error_grad": share(grad, reference_grad),
+    return {"error_fwd": common.relative_error(z.double(), reference),
+            "error_grad": common.relative_error(grad.double(), reference_grad),
             "bound": 4 * matrices.shape[-1] * UNIT}
 
 

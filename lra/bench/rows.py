@@ -81,12 +81,8 @@ def errors(form: str, q_rows, k, v, mask) -> dict:
     leaves = [x.detach().requires_grad_() for x in (q_rows, k, v)]
     out = rows_attention(*leaves, mask, form)
     grads = torch.autograd.grad((out.double() * probe.to(out.device)).sum(), leaves)
-
-    def share(got: torch.Tensor, want: torch.Tensor) -> float:
-        return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-    return {"error_fwd": share(out, reference),
-            "error_grad": max(share(got, want) for got, want in zip(grads, reference_grads))}
+    return {"error_fwd": common.relative_error(out.double(), reference),
+            "error_grad": max(common.relative_error(got.double(), want) for got, want in zip(grads, reference_grads))}
 
 
 def measure(form: str, q_rows, k, v, mask, args: argparse.Namespace, device: torch.device) -> dict:
