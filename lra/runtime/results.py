@@ -76,8 +76,9 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 # Keys added to the configs after runs were recorded, with the value those runs ran with: a record without the
 # key compares as that value, so a run recorded before the key existed still resumes and still counts as done.
+# (attention.lra_code: Performer's reference-code form, 202664c; every attention without it computes as if false.)
 ADDED_LATER = {"model.compile": False, "task.group_by_length": False, "task.augment": None, "verbose": False,
-               "accept_changed_data": False}
+               "accept_changed_data": False, "attention.lra_code": False}
 # Keys added later that only follow others (the datamodule's copies of the keys above, the choices of task.augment,
 # the folder listops_small generates into without a note): a record without one is compared without it.
 ADDED_LATER_DERIVED = ("task.datamodule.group_by_length", "task.datamodule.augment", "task.augmentations",

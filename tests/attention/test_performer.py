@@ -105,3 +105,15 @@ def test_redraw_every_k_training_steps_only():
 def test_bad_settings_name_their_key(key, value, match):
     with pytest.raises(ValueError, match=match):
         PerformerAttention(2, 8, **{key: value})
+
+
+def test_a_run_recorded_before_lra_code_resumes_and_lra_code_true_does_not():
+    """lra.runtime.results.ADDED_LATER: a Performer record without ``attention.lra_code`` (runs started before
+    202664c) matches today's default command; the reference-code form is a different run."""
+    from lra.runtime.run_dir import resolved, settings_differences
+
+    current = resolved(compose_config(["task=listops_small", "attention=performer"]))
+    old = {**current, "attention": {key: value for key, value in current["attention"].items() if key != "lra_code"}}
+    assert settings_differences(old, current) == []
+    reference_form = resolved(compose_config(["task=listops_small", "attention=performer", "attention.lra_code=true"]))
+    assert settings_differences(old, reference_form) == [("attention.lra_code", False, True)]
