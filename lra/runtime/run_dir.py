@@ -93,10 +93,14 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
     if not differences:
         return
     lines = "\n".join(f"  {key}: {old!r} (the run) -> {new!r} (this command)" for key, old, new in differences)
+    unset = [key for key, old, _ in differences if old == "<absent>"]
+    hint = (f" The run's record lacks {', '.join(unset)} (a key added to the configs since it started?): if the run "
+            f"computed as this command's value, {' '.join('~' + key for key in unset)} on the command line resumes it "
+            "with the code's default, as it ran.") if unset else ""
     raise ResumeRefused(
         f"[lra] NOT RESUMED: {run_dir} holds an unfinished run ({found[0].name}) started with other settings:\n{lines}\n"
         f"A resume continues a run as it was started, so nothing in {run_dir} was changed. To finish that run, re-run "
-        f"it with its own settings ({Path(run_dir) / RECORD}). To train these settings, use a new run dir (drop "
+        f"it with its own settings ({Path(run_dir) / RECORD}).{hint} To train these settings, use a new run dir (drop "
         f"hydra.run.dir, or another one); to start them from that run's weights, add init_from={found[0]} there."
     )
 

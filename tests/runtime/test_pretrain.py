@@ -210,3 +210,16 @@ def test_sigterm_during_pretraining_resumes_in_stage_one(tiny_listops_overrides,
     assert record["test_acc"] == reference["test_acc"] and record["val_curve"] == reference["val_curve"]
     metrics = ("csv", "version_0", "metrics.csv")  # both stages' rows, in the one file the resumed run continued
     assert run_dir.joinpath(*metrics).read_bytes() == straight.joinpath(*metrics).read_bytes()
+
+
+def test_a_key_the_record_lacks_is_named_with_the_override_that_drops_it(tmp_path):
+    """A key added to the configs after a run started (here attention.seed of Performer, dropped from the record)
+    refuses the resume and names ``~attention.seed``; with it the command resumes."""
+    cfg = OmegaConf.to_container(compose_config(["task=listops_small", "attention=performer"], tmp_path), resolve=True)
+    del cfg["attention"]["seed"]
+    (tmp_path / RECORD).write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(ResumeRefused, match=r"attention.seed: '<absent>' \(the run\) -> 0(.|\n)*~attention.seed on the command"):
+        check_resume(tmp_path, compose_config(["task=listops_small", "attention=performer"], tmp_path))
+    check_resume(tmp_path, compose_config(["task=listops_small", "attention=performer", "~attention.seed"], tmp_path))
