@@ -165,10 +165,12 @@ TILES = {
 # Registers. Every kernel but _rv_fwd and _u_fwd multiplies by a float32 tensor (W, RV, their
 # gradients), and with float32 inputs every dot is float32: those dots run in IEEE precision on the
 # FMA units (TF32 only when asked), where Triton keeps both operands in registers for the whole K
-# dimension, so the register need grows with the tiles and head_dim. (With bf16 / fp16 inputs these dots
-# now run on tensor cores too; the "half" cells were measured when they were IEEE fp32 and are kept: they
-# compile without spills for the tensor-core kernels, re-checked with the split kernels, and are smaller
-# tiles than tensor cores need — retuning them for speed needs a GPU.) Tiles sized for shared memory
+# dimension, so the register need grows with the tiles and head_dim. With bf16 / fp16 inputs ("half") every
+# dot runs on tensor cores, and the tiles are sized for them: 64 tokens × 64 rows (as many as m allows), 8 warps,
+# 2 stages, chosen from an AOT sweep of 64- and 32-token tiles × 4 / 8 warps × 2 / 3 stages at every m and head
+# dim on sm_80 and sm_90 (2026-11-29, Triton 3.9.0; docs/flashcur.md): that launch spills in none of
+# _rv_bwd_q's cells and in 2–5 of each other kernel's 16, fixed by REGISTER_EXCEPTIONS. Which tiles run fastest
+# is a GPU measurement still to make (the float32-era 16 × 16 and 32 × 32 tiles compiled too). Tiles sized for shared memory
 # alone spill (m = d = 128 on sm_80: fp32 _rv_fwd 7,536 B of stack per thread, bf16 _rv_bwd_kv
 # 47,248 B). These launches follow a register rule (:func:`register_launch`): REGISTER_TILES per
 # kernel and operand class (:func:`operands`), a few general limits, and REGISTER_EXCEPTIONS, all
@@ -184,11 +186,11 @@ SHARED_RULE_WIDE, SHARED_RULE_WIDE_WARPS = 64 * 128, 8
 REGISTER_TILES = {  # kernel: {operands: (largest BLOCK_N, largest BLOCK_M, num_warps, num_stages)}
     "_rv_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": SHARED_RULE},
     "_u_fwd": {"fp32": (MIN_DOT, 32, 8, 1), "tf32": SHARED_RULE, "half": SHARED_RULE},
-    "_out_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
-    "_rv_bwd_kv": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (16, 16, 8, 2)},
-    "_rv_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
-    "_out_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 32, 8, 2)},
-    "_out_bwd_kw": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (32, 16, 8, 2)},
+    "_out_fwd": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (64, 64, 8, 2)},
+    "_rv_bwd_kv": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (64, 64, 8, 2)},
+    "_rv_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (64, 64, 8, 2)},
+    "_out_bwd_q": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (64, 64, 8, 2)},
+    "_out_bwd_kw": {"fp32": (32, 32, 8, 2), "tf32": (32, 32, 8, 2), "half": (64, 64, 8, 2)},
 }
 # Cells where the general rule spills (8–192 B) and this launch does not, on both architectures:
 # (kernel, operands, BLOCK_D, m, BLOCK_N) -> (BLOCK_M, num_warps, num_stages).
@@ -199,6 +201,18 @@ REGISTER_EXCEPTIONS = {
     ("_rv_bwd_kv", "tf32", 32, 32, 32): (16, 4, 2),
     ("_out_bwd_q", "half", 128, 32, 16): (16, 8, 3),
     ("_out_bwd_q", "half", 64, 128, 32): (16, 8, 2),  # since Δ_C comes from the output (ptxas holds 128 and spills 8 B)
+    # the 64-token half tiles (spills of the rule's launch on sm_80 / sm_90 in the comment)
+    ("_rv_bwd_kv", "half", 16, 128, 64): (64, 8, 3),     # 16 / 0 B
+    ("_rv_bwd_kv", "half", 128, 128, 64): (16, 8, 2),    # 0 / 168 B; 32 rows spill at 4 and 8 warps
+    ("_rv_bwd_kv", "half", 32, 128, 32): (32, 8, 3),     # 8 / 0 B (n = 32)
+    ("_out_fwd", "half", 32, 128, 64): (64, 4, 2),       # 32 / 0 B
+    ("_out_bwd_q", "half", 32, 128, 64): (64, 8, 3),     # 16 / 0 B
+    ("_out_bwd_q", "half", 128, 128, 64): (32, 4, 2),    # 0 / 192 B
+    ("_out_bwd_kw", "half", 64, 32, 64): (32, 8, 3),     # 0 / 32 B
+    ("_out_bwd_kw", "half", 64, 64, 64): (32, 8, 3),     # 24 / 0 B
+    ("_out_bwd_kw", "half", 64, 128, 64): (32, 8, 3),    # 24 / 0 B
+    ("_out_bwd_kw", "half", 128, 64, 64): (32, 8, 2),    # 0 / 24 B
+    ("_out_bwd_kw", "half", 128, 128, 64): (32, 8, 2),   # 0 / 24 B
 }
 # Tiles of the split kernels that spill 8–24 B with the rule's 8 warps on sm_90 (since the split of n) and
 # nothing with 4 on either architecture, whatever m: (kernel, operands, BLOCK_D, BLOCK_N, BLOCK_M) -> num_warps.
@@ -222,10 +236,11 @@ def register_launch(kernel: str, operand_class: str, m: int, block_d: int, block
     """``(largest BLOCK_M, num_warps, num_stages)`` of the register rule for a program of ``block_n``
     tokens, or None under :data:`SHARED_RULE`.
 
-    :data:`REGISTER_TILES`, then: BLOCK_M ≤ m and BLOCK_M ≤ BLOCK_N; a "tokens" kernel takes its m
+    :data:`REGISTER_TILES`, then: BLOCK_M ≤ m and BLOCK_M ≤ BLOCK_N; a "tokens" kernel in float32 takes its m
     slots in at least two chunks from m = 32 (one loop trip over 32 slots spills up to 288 B at
-    head_dim 128); _rv_bwd_q keeps 8 warps only for 32 × 32 tiles at head_dim ≥ 64 (smaller programs
-    spill 8–24 B with 8 warps: ptxas trades registers for occupancy); _u_fwd cannot chunk its m keys
+    head_dim 128; half tiles take up to 64 slots a trip); _rv_bwd_q keeps 8 warps only for 32 × 32 float32 tiles at
+    head_dim ≥ 64 and 64-token half tiles (smaller programs spill 8–24 B with 8 warps: ptxas trades registers for
+    occupancy); _u_fwd cannot chunk its m keys
     (its softmax spans them all), so in fp32 it takes 16-row tiles from m · BLOCK_D = 64 · 128 (32
     rows spill 176 B) and 16 warps at 128 · 128 (8 warps spill 176 B); last
     :data:`REGISTER_EXCEPTIONS`, then :data:`TILE_WARPS`.
@@ -238,9 +253,10 @@ def register_launch(kernel: str, operand_class: str, m: int, block_d: int, block
     block_m = min(block_m, m)
     if kind != "u":
         block_m = min(block_m, block_n)
-    if kind == "tokens":
+    half = operand_class == "half"
+    if kind == "tokens" and not half:
         block_m = min(block_m, max(MIN_DOT, m // 2))
-    if kernel == "_rv_bwd_q" and not (block_n >= 32 and block_m >= 32 and block_d >= 64):
+    if kernel == "_rv_bwd_q" and not (block_n >= 64 if half else block_n >= 32 and block_m >= 32 and block_d >= 64):
         warps = 4
     if kernel == "_u_fwd" and m * block_d >= 64 * 128:
         block_m, warps = MIN_DOT, 16 if m * block_d >= 128 * 128 else warps
