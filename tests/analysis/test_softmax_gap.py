@@ -78,3 +78,10 @@ def test_main_compares_checkpoints(tiny_listops, tmp_path, monkeypatch, capsys):
     assert len(lines) == 4
     gaps = [float(line.split("gap ")[1].split()[0]) for line in lines]
     assert all(0 < gap for gap in gaps) and gaps[:2] != gaps[2:]
+
+
+def test_a_variant_called_with_extra_rows_is_refused():
+    """Proxyformer's layers attend over proxy rows and the tokens: no softmax over the same tokens to compare with."""
+    model, input_ids, key_mask = model_and_batch("attention=proxyformer")
+    with pytest.raises(ValueError, match="ProxyAttention is called otherwise"):
+        softmax_gap.softmax_gaps(model, input_ids, key_mask)

@@ -69,13 +69,17 @@ def softmax_gaps(model, input_ids: torch.Tensor, key_mask: torch.Tensor) -> list
     cores = [layer.attend for layer in model.modules() if isinstance(layer, MultiHeadAttention)]
     if not cores:
         raise ValueError(f"{type(model).__name__} has no models.blocks.MultiHeadAttention layer to compare")
-    hooks = [core.register_forward_hook(lambda _, args, y: calls.append((*args[:4], y))) for core in cores]
+    hooks = [core.register_forward_hook(lambda core, args, y: calls.append((core, args, y))) for core in cores]
     try:
         model(input_ids, key_mask)
     finally:
         for hook in hooks:
             hook.remove()
-    return [layer_gap(*call) for call in calls]
+    for core, args, _ in calls:
+        if len(args) != 4 or args[0].shape[-2] != args[3].shape[-1]:
+            raise ValueError(f"softmax_gap compares variants called as attend(q, k, v, key_mask) on the sequence's own "
+                             f"tokens; {type(core).__name__} is called otherwise (extra rows or arguments)")
+    return [layer_gap(*args, y) for _, args, y in calls]
 
 
 def main() -> None:
