@@ -16,8 +16,8 @@ variant receives and returns, and prints per layer:
 * ``|q|²/√d``, ``|k|²/√d``: the median and largest over real tokens (the scale of the exponent);
 * ``entropy``: the exact attention rows' mean entropy over ``log n_real`` (1 uniform, 0 one key).
 
-A gap that grows between two checkpoints of one run while the scores sharpen says the approximation, not
-the optimiser, broke first. Deterministic for given checkpoints and batch (random features are buffers).
+A gap that grows between two checkpoints of one run, while the exponent scales grow, points at the approximation
+rather than the optimiser (it does not prove it). Deterministic for given checkpoints and batch (random features are buffers).
 """
 
 from __future__ import annotations
