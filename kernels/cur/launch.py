@@ -169,7 +169,7 @@ TILES = {
 # dot runs on tensor cores, and the tiles are sized for them: 64 tokens × 64 rows (as many as m allows), 8 warps,
 # 2 stages, chosen from an AOT sweep of 64- and 32-token tiles × 4 / 8 warps × 2 / 3 stages at every m and head
 # dim on sm_80 and sm_90 (2026-11-29, Triton 3.9.0; docs/flashcur.md): that launch spills in none of
-# _rv_bwd_q's cells and in 2–5 of each other kernel's 16, fixed by REGISTER_EXCEPTIONS. Which tiles run fastest
+# _rv_bwd_q's cells and in 1–5 of each other kernel's 16, fixed by REGISTER_EXCEPTIONS. Which tiles run fastest
 # is a GPU measurement still to make (the float32-era 16 × 16 and 32 × 32 tiles compiled too). Tiles sized for shared memory
 # alone spill (m = d = 128 on sm_80: fp32 _rv_fwd 7,536 B of stack per thread, bf16 _rv_bwd_kv
 # 47,248 B). These launches follow a register rule (:func:`register_launch`): REGISTER_TILES per
