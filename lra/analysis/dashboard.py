@@ -32,7 +32,7 @@ import yaml
 from lra.analysis.comparability import PUBLISHED, published_for
 from lra.analysis.report import Row, collect, group_runs, wandb_runs
 from lra.config import CONFIG_DIR
-from lra.tasks.listops import INDEPENDENT_TEST
+from lra.tasks.listops_vocab import INDEPENDENT_TEST
 
 STEP = "trainer/global_step"  # the x axis Lightning's WandbLogger logs every metric against
 GROUP_BY = "attention"        # flat config key (lra.runtime.wandb_summary.GROUP_KEYS)

@@ -19,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lra.tasks.listops import INDEPENDENT_TEST, OPERATORS, first_operator_rule
+from lra.tasks.first_operator import first_operator_rule
+from lra.tasks.listops_vocab import INDEPENDENT_TEST, OPERATORS
 
 SPLITS = ("train", "val", "test")
 SCORED = ("val", "test", INDEPENDENT_TEST)  # scored when the file exists (the independent test is optional)
@@ -54,7 +55,7 @@ def read_examples(path: Path) -> list[tuple[str, int]]:
 
 def fit(examples: list[tuple[str, int]]) -> OperatorCue:
     """The most frequent label per first operator (ties: the smallest label), as training records it:
-    :func:`lra.tasks.listops.first_operator_rule`."""
+    :func:`lra.tasks.first_operator.first_operator_rule`."""
     rule = first_operator_rule([first_operator(source) for source, _ in examples], [label for _, label in examples])
     return OperatorCue(rule, len(examples))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from lra.analysis.comparability import lookup
-from lra.tasks.listops import INDEPENDENT_TEST
+from lra.tasks.listops_vocab import INDEPENDENT_TEST
 
 STATUSES = ("completed", "failed", "interrupted", "missing", "not_started")
 # fractions of examples right: an accuracy written in % (25.2) would print as 2520 %

@@ -25,7 +25,8 @@ from lra.analysis.comparability import lookup, published_for
 from lra.analysis.report_rows import Row
 from lra.analysis.report_runs import warn
 from lra.analysis.significance import compare_predictions, read_predictions
-from lra.tasks.listops import FIRST_OPERATOR_CUE, INDEPENDENT_TEST
+from lra.tasks.first_operator import FIRST_OPERATOR_CUE
+from lra.tasks.listops_vocab import INDEPENDENT_TEST
 
 PAIRED_SPLITS = (INDEPENDENT_TEST, "test")
 SHORTCUT_SPLITS = ("val", "test", INDEPENDENT_TEST)

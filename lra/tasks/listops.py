@@ -30,8 +30,7 @@ import argparse
 import logging
 import random
 import statistics
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -41,15 +40,15 @@ from tqdm import tqdm
 from lra.tasks.base import CachedDataModule, TokenizedSplit
 from lra.tasks.files import atomic_write_text, file_fingerprint, record_line, transient_lock
 from lra.tasks.generated import GenerationRefused, Manifest, digest, foreign_file
+from lra.tasks.first_operator import FIRST_OPERATOR_CUE, first_operator_rule
 from lra.tasks.listops_check import tree_value
-from lra.tasks.listops_vocab import OPERATORS, TOKEN_IDS, VOCAB
+from lra.tasks.listops_vocab import INDEPENDENT_TEST, OPERATORS, TOKEN_IDS, VOCAB
 
 log = logging.getLogger(__name__)
 
 END = "]"
 LEAF_PROBABILITY = 0.75
 HEADER = "Source\tTarget"
-FIRST_OPERATOR_CUE = "first-operator cue: the most frequent training label of the root operator"
 ROWS_PER_CHUNK = 4096  # rows scanned at once for their first operator token (bounds the (rows, L) mask)
 
 
@@ -99,7 +98,6 @@ def tokenize(source: str) -> list[int]:
     return [TOKEN_IDS.get(token, TOKEN_IDS["<unk>"]) for token in tokens]
 
 
-INDEPENDENT_TEST = "independent_test"
 GENERATOR = "python -m lra.tasks.listops generate"
 
 
@@ -150,15 +148,6 @@ def generate(
             if not manifest.holds(name, text_digest):  # the same bytes already there keep their mtime (and caches)
                 manifest.record(name, text_digest)
                 atomic_write_text(out / name, text)
-
-
-def first_operator_rule(operators: Sequence[str], labels: Sequence[int]) -> dict[str, int]:
-    """The first-operator cue fitted on ``(root operator, label)`` pairs: per operator its most frequent label
-    (ties: the smallest; an operator never seen: 0). O(n)."""
-    counts: dict[str, Counter] = {operator: Counter() for operator in OPERATORS}
-    for operator, label in zip(operators, labels):
-        counts[operator][int(label)] += 1
-    return {op: min(c, key=lambda label: (-c[label], label)) if c else 0 for op, c in counts.items()}
 
 
 def root_operators(ids: torch.Tensor) -> list[str]:

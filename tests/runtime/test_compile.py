@@ -92,23 +92,34 @@ def dropout_step(model, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
+def dropout_model() -> torch.nn.Module:
+    """Softmax's network with its SDPA dropout off: the masks at stake are the blocks' (:mod:`models.dropout`), and
+    its graph compiles in a third of CUR's time."""
+    torch.manual_seed(0)
+    return build_model(small("softmax", "model.dropout=0.3", "attention.dropout=0.0")).train()
+
+
 @pytest.mark.compile
 def test_compiled_training_on_cpu_draws_the_eager_dropout_masks(one_compile_thread):
     """On CPU ``compile_in_place`` has Inductor draw with ATen's generator, so a compiled step with dropout on
-    gives the eager step's logits and gradients from the same seed; with Inductor's own generator
-    (``nn.Module.compile()`` without options) the masks, and so the results, differ. The network is softmax's with
-    its SDPA dropout off: the masks at stake are the blocks' (:mod:`models.dropout`), and its graph compiles in a
-    third of CUR's time."""
-    cfg = small("softmax", "model.dropout=0.3", "attention.dropout=0.0")
-    torch.manual_seed(0)
-    model = build_model(cfg).train()
+    gives the eager step's logits and gradients from the same seed (the next test shows that Inductor's own
+    generator would not)."""
+    model = dropout_model()
     eager_logits, eager_grads = dropout_step(model, seed=5)
     compile_in_place(model, torch.device("cpu"))
     logits, grads = dropout_step(model, seed=5)
     assert torch.allclose(logits, eager_logits, rtol=0, atol=compile_check.TOLERANCE * eager_logits.abs().max())
     assert torch.allclose(grads, eager_grads, rtol=0, atol=compile_check.TOLERANCE * eager_grads.abs().max())
     assert not torch.equal(dropout_step(model, seed=6)[0], logits)  # dropout is on: another seed, other masks
-    torch._dynamo.reset()
+
+
+@pytest.mark.slow  # a second Inductor compile (~20 s on 2 cores) for the control of the test above
+@pytest.mark.compile
+def test_inductors_own_generator_draws_other_dropout_masks(one_compile_thread):
+    """The control of the test above: ``nn.Module.compile()`` without ``compile_in_place``'s options draws with
+    Inductor's own generator, so the same seed gives other masks and other logits."""
+    model = dropout_model()
+    eager_logits, _ = dropout_step(model, seed=5)
     model.compile()
     own_logits, _ = dropout_step(model, seed=5)
     assert (own_logits - eager_logits).abs().max() > 100 * compile_check.TOLERANCE * eager_logits.abs().max()
