@@ -1,8 +1,8 @@
 """ListOps' first-operator cue: per root operator, the most frequent training label. Training scores it on every
 evaluated split (:func:`lra.tasks.listops.first_operator_cue`, from token ids); the report, the dashboard and
 :mod:`lra.analysis.listops_cue` read it from files and records. It lives apart from :mod:`lra.tasks.listops` and
-imports no torch, so ``lra-report`` and ``lra-dashboard`` start in a fraction of a second instead of the ~6 s torch
-and Lightning take to import.
+imports no torch, so ``lra-report`` and ``lra-dashboard`` answer without first importing torch and Lightning (most
+of a CLI's start-up; ``tests/test_install.py`` keeps it so).
 """
 
 from __future__ import annotations
