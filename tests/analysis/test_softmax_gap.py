@@ -85,3 +85,23 @@ def test_a_variant_called_with_extra_rows_is_refused():
     model, input_ids, key_mask = model_and_batch("attention=proxyformer")
     with pytest.raises(ValueError, match="ProxyAttention is called otherwise"):
         softmax_gap.softmax_gaps(model, input_ids, key_mask)
+
+
+@pytest.mark.parametrize("variant", [("attention=l1",), ("attention=l1_cur", "attention.num_landmarks=64")])
+def test_l1_variants_are_compared_with_their_own_exact_attention(variant):
+    """L1 attention is its exact form, and l1_cur with every token a landmark (m ≥ n) computes it exactly:
+    both within float32 rounding of the float64 L1 softmax (the dot-product softmax would fail this)."""
+    model, input_ids, key_mask = model_and_batch(*variant)
+    assert all(s["gap"] < 1e-5 for s in softmax_gap.softmax_gaps(model, input_ids, key_mask))
+
+
+def test_reformer_is_compared_with_shared_qk_attention():
+    """Reformer's keys are its unit queries and a token sees itself only when alone: with one chunk holding the
+    whole sequence (bucket_size ≥ n, every pair in reach) it is that exact attention; with chunks of 4 tokens it
+    is not, and ``|k|²/√d`` is the unit keys' ``1/√d``."""
+    model, input_ids, key_mask = model_and_batch("attention=reformer", "attention.bucket_size=64", "attention.n_hashes=1")
+    stats = softmax_gap.softmax_gaps(model, input_ids, key_mask)
+    assert all(s["gap"] < 1e-5 for s in stats)
+    assert stats[0]["k_max"] == pytest.approx(model.blocks[0].attn.head_dim ** -0.5)
+    model, input_ids, key_mask = model_and_batch("attention=reformer", "attention.bucket_size=4")
+    assert all(s["gap"] > 1e-2 for s in softmax_gap.softmax_gaps(model, input_ids, key_mask))
