@@ -33,7 +33,8 @@ For nb ≤ 4 the window and global blocks cover every pair, and so does nb ≤ 7
 such a case; LRA ListOps, n' = 2048, is 32 blocks). No attention dropout: neither reference drops block-sparse
 weights.
 
-Shapes: ``q, k, v`` ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, d)``. Cost O(n·b·(5 + r)·d)
+Shapes: ``q, k`` ``(B, H, n, d)``, ``v`` ``(B, H, n, e)``, ``key_mask`` bool ``(B, n)`` -> ``(B, H, n, e)`` (e = d in
+the model; the diagnostics' ``V = I`` has e = n). Cost O(n·b·(5 + r)·d)
 time and O(n·b·(5 + r)) memory for the scores (the two global rows: O(b·n·d) each): the key and value blocks of
 each row are gathered with one ``index_select`` (``(B, H, nb−2, (5 + r)·b, d)``), then one batched matmul; no
 n × n tensor, no loop over blocks.
@@ -145,11 +146,11 @@ class BigBirdAttention(nn.Module):
         ids, allowed = self.layout(nb, q.device)  # (H, M, W), M = nb − 2
         middle, width = ids.shape[1:]
         flat = (ids + nb * torch.arange(heads, device=q.device)[:, None, None]).flatten()  # rows of (H·nb) blocks
-        keys, values = (x.reshape(batch, heads * nb, b * d).index_select(1, flat).view(batch, heads, middle, width * b, d)
-                        for x in (k, v))  # (B, H, M, W·b, d)
+        keys, values = (x.reshape(batch, heads * nb, b * x.shape[-1]).index_select(1, flat)
+                        .view(batch, heads, middle, width * b, x.shape[-1]) for x in (k, v))  # (B, H, M, W·b, d or e)
         key_real = real.view(batch, nb, b).index_select(1, ids.flatten()).view(batch, heads, middle, width, b)
         key_real = (key_real & allowed[..., None]).view(batch, heads, middle, 1, width * b)
         scores = (qb[:, :, 1:-1] @ keys.transpose(-1, -2)) * scale  # (B, H, M, b, W·b)
-        out_middle = scores.masked_fill(~key_real, floor).softmax(-1) @ values  # (B, H, M, b, d)
+        out_middle = scores.masked_fill(~key_real, floor).softmax(-1) @ values  # (B, H, M, b, e)
         out = torch.cat([out_global[:, :, None, :b], out_middle, out_global[:, :, None, b:]], 2)
         return out.flatten(2, 3)[:, :, :n]

@@ -62,6 +62,9 @@ class DBAAttention(nn.Module):
     """Dynamic compression to r tokens, attention among them in hidden size d_p, dynamic decompression (see the
     module docstring)."""
 
+    no_attention_matrix = ("attention=dba has no per-head n x n attention matrix (the r compressed tokens mix every "
+                           "head through W_q, W_k, W_v and a LayerNorm): diagnostics that need one do not apply to it")
+
     def __init__(self, num_heads: int, head_dim: int, proj_len: int = 128, hidden_dim: int = 32):
         super().__init__()
         check_positive_int(proj_len, "proj_len")

@@ -62,7 +62,10 @@ class L1Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         forms = impl.forms_for(self, q)  # attention.impl (family l1): cpu, triton or pytorch
-        if forms.attention == "cpu" and uses_kernel(q):  # eager; compiled code runs the PyTorch form
+        # the kernels take values as wide as the queries; the diagnostics' V = I (n wide, from
+        # ``models.blocks.MultiHeadAttention.attention_matrix``) runs the PyTorch form, as compiled code does on CPU
+        kernel_shaped = v.shape[-1] == q.shape[-1]
+        if forms.attention == "cpu" and uses_kernel(q) and kernel_shaped:
             p = self.dropout.p if self.training else 0.0
             seed = int(torch.randint(1 << 62, ())) if p > 0 else 0  # from the global RNG: seeded runs repeat
             dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -71,9 +74,9 @@ class L1Attention(nn.Module):
                                                 seed)
             return out.to(v.dtype)
         dropout_on = self.training and self.dropout.p > 0
-        if forms.attention == "triton" and not dropout_on:
+        if forms.attention == "triton" and not dropout_on and kernel_shaped:
             return flash_l1_attention(q, k, v, key_mask, self.score.lam)
-        if forms.attention == "triton":
+        if forms.attention == "triton" and kernel_shaped:
             warn_unfused_training()
         return self.materialised(q, k, v, key_mask)
 

@@ -55,6 +55,10 @@ class SetTransformerAttention(nn.Module):
     """ISAB in one attention slot: m learned inducing points summarise the keys/values (``MAB(I, X)``), the queries
     attend over the m summaries (see the module docstring)."""
 
+    no_attention_matrix = ("attention=set_transformer has no per-head n x n attention matrix (the queries attend over "
+                           "MAB(I, X), whose keys and values are nonlinear in V): diagnostics that need one do not "
+                           "apply to it")
+
     def __init__(self, num_heads: int, head_dim: int, num_inducing: int = 128):
         super().__init__()
         check_positive_int(num_inducing, "num_inducing")

@@ -73,7 +73,12 @@ class MultiHeadAttention(nn.Module):
 
     def attention_matrix(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The effective attention ``(B, H, n, n)`` that ``forward(x, key_mask)`` applies to the values of ``x``
-        ``(B, n, d_model)``: ``attend`` with ``V = I`` (so CUR's ``C U⁺ R``, not a softmax it approximates). For diagnostics."""
+        ``(B, n, d_model)``: ``attend`` with ``V = I`` (so CUR's ``C U⁺ R``, not a softmax it approximates). For diagnostics.
+        A variant whose output is no per-head linear map of ``V`` says why in ``no_attention_matrix`` (DBA, Set
+        Transformer): a ValueError with that reason."""
+        reason = getattr(self.attend, "no_attention_matrix", None)
+        if reason:
+            raise ValueError(reason)
         q, k = self.project(x, self.q_proj, self.k_proj)
         return self.attend(q, k, self.identity_values(q), key_mask)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from lra import REPO_ROOT
 from lra.build import build_attention, build_model
+from models.blocks import MultiHeadAttention
 from tests.conftest import compose_config
 
 
@@ -100,3 +103,35 @@ def test_a_projection_with_a_hook_or_a_wrapper_is_called_as_a_module():
     _, k, _ = attn.project(x, attn.q_proj, attn.k_proj, attn.v_proj)
     handle.remove()
     assert len(seen) == 1 and torch.equal(attn.split_heads(seen[0]), k)
+
+
+@pytest.mark.parametrize("attention", sorted(path.stem for path in (REPO_ROOT / "configs" / "attention").glob("*.yaml")))
+def test_the_attention_matrix_is_what_the_layer_applies_to_its_values(attention):
+    """``MultiHeadAttention.attention_matrix`` (the diagnostics' ``V = I``, n values wide) times the layer's own
+    ``v`` is the layer's ``attend(q, k, v)`` on real queries, for every variant in that slot; a variant whose output
+    is no linear map of ``V`` (DBA, Set Transformer) is refused with its name. Orthoformer draws its first landmark
+    from the global generator: both calls get the same seed."""
+    landmarks = ["attention.num_landmarks=8"] if attention in ("curformer", "l1_cur", "nystromformer") else []
+    try:
+        model = build_model(compose_config(["task=listops_small", f"attention={attention}", "model.dropout=0",
+                                            *landmarks])).eval()
+    except (ValueError, RuntimeError) as refusal:  # FlashCUR without CUDA or TRITON_INTERPRET
+        pytest.skip(str(refusal).splitlines()[0])
+    layers = [m for m in model.modules() if type(m) is MultiHeadAttention]
+    if not layers:
+        pytest.skip(f"attention={attention} runs in a block of its own, not in models.blocks.MultiHeadAttention")
+    layer = layers[0]
+    x = torch.randn(2, 150, layer.q_proj.in_features, generator=torch.Generator().manual_seed(0))
+    key_mask = torch.arange(150) < torch.tensor([150, 97])[:, None]
+    if getattr(layer.attend, "no_attention_matrix", None):
+        with pytest.raises(ValueError, match=f"attention={attention} has no per-head n x n attention matrix"):
+            layer.attention_matrix(x, key_mask)
+        return
+    with torch.no_grad():
+        torch.manual_seed(1)
+        matrix = layer.attention_matrix(x, key_mask)  # (B, H, n, n)
+        q, k, v = layer.project(x, layer.q_proj, layer.k_proj, layer.v_proj)
+        torch.manual_seed(1)
+        expected = layer.attend(q, k, v, key_mask)
+    real = key_mask[:, None, :, None].expand_as(expected)
+    torch.testing.assert_close((matrix @ v)[real], expected[real], rtol=1e-4, atol=1e-5)
