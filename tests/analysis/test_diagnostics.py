@@ -4,6 +4,7 @@ cue_agreement counted by hand."""
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -38,9 +39,11 @@ def batch(tiny_listops):
     return input_ids, key_mask
 
 
-@pytest.mark.parametrize("variant", [["attention=softmax"], ["attention=curformer", "attention.num_landmarks=64"]])
+@pytest.mark.parametrize("variant", [["attention=softmax"], ["attention=curformer", "attention.num_landmarks=64"],
+                                     ["attention=bigbird"]])
 def test_layer0_weight_on_root_matches_dense_softmax(batch, variant):
-    """Softmax, and CUR selecting every real token (then exact), report the dense softmax's weight on key 0."""
+    """Softmax, CUR selecting every real token, and BigBird with its blocks covering every pair (n' ≤ 4 blocks of
+    64) are exact: they report the dense softmax's weight on key 0."""
     input_ids, key_mask = batch
     torch.manual_seed(3)
     model = build_model(compose_config(["task=listops", "model.dropout=0", *variant])).eval()
@@ -195,3 +198,13 @@ def test_pooled_prefix_matches_a_hand_pooled_mean(tiny_listops):
     assert torch.equal(labels[0], logits.argmax(-1))
     with pytest.raises(ValueError, match="drop fewer than"):
         predictions_without_prefix(model, sequences, [min(map(len, sequences))], batch=4)
+
+
+def test_a_variant_without_a_matrix_is_a_line_and_the_next_still_runs(tiny_listops, monkeypatch, capsys):
+    """DBA mixes heads nonlinearly (no n × n matrix): its line gives the reason; softmax after it still prints."""
+    monkeypatch.setattr(sys, "argv", ["root_attention", "--data", str(tiny_listops), "--batch", "3",
+                                      "--variants", "attention=dba", "attention=softmax"])
+    probe.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert any("attention=dba" in line and "refused: attention=dba has no per-head n x n" in line for line in lines)
+    assert any("attention=softmax" in line and "layer 1:" in line for line in lines)

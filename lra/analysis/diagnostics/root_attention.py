@@ -12,8 +12,9 @@ first ``--batch`` validation sequences and materialises each layer's *effective*
 attention applied to ``V = I``: CUR's ``C U⁺ R``, Proxyformer's ``K₁ K₂``, exact softmax; for MEGA and
 MegaCUR, ``--variants attention=megacur`` with a MEGA-block checkpoint, the single-head core of the gated
 attention). It prints the mean weight a real query puts on key 0, times the sequence's real length: 1 means
-uniform attention, ``n`` means every query looks only at the root operator. Deterministic for a given
-checkpoint and batch.
+uniform attention, ``n`` means every query looks only at the root operator. A variant whose output is no per-head
+linear map of ``V`` (Luna, DBA, Set Transformer) gets its reason on its line instead, and the next variant runs.
+Deterministic for a given checkpoint and batch.
 """
 
 from __future__ import annotations
@@ -101,7 +102,11 @@ def main() -> None:
         model = build_model(config).eval()
         if args.ckpt:
             load_transferred_weights(model, args.ckpt)
-        ratios = root_weights(model, input_ids, key_mask)
+        try:
+            ratios = root_weights(model, input_ids, key_mask)
+        except ValueError as refusal:  # no n × n matrix to read (Luna, DBA, Set Transformer): the reason, then the next
+            print(f"  {variant:50s} refused: {refusal}")
+            continue
         print(f"  {variant:50s} " + "  ".join(f"layer {i}: {r:7.2f}" for i, r in enumerate(ratios)))
 
 
