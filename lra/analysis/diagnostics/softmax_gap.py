@@ -14,7 +14,7 @@ variant receives and returns, and prints per layer:
   (:func:`exact_attention`: the variant's own score where it has one, so L1 distance for ``l1`` and ``l1_cur``,
   and Reformer's shared-QK softmax; ``softmax(q kᵀ/√d)`` for every other variant);
 * ``uniform``: the same for ``ȳ``, the mean of the real values (uniform attention): a gap above it means the
-  variant's output is further from softmax's than plain averaging is;
+  variant's output is further from the exact attention's than plain averaging is;
 * ``|q|²/√d``, ``|k|²/√d``: the median and largest over real tokens (the scale of the exponent; ``k`` the keys
   the exact attention scores, Reformer's unit queries);
 * ``entropy``: the exact attention rows' mean entropy over ``log n_real`` (1 uniform, 0 one key).
