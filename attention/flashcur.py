@@ -91,6 +91,11 @@ def flashcur_attention(q, k, v, key_mask, index_q, index_k, pinv_iters=6, overwr
     ``(B, H, n, d)``, ``key_mask`` bool ``(B, n)``, ``index_q, index_k`` long ``(B, H, m)``; ``pinv_form``: the
     pseudo-inverse's form (:func:`attention.pinv.iterative_pinv`; None: its default for the device).
     """
+    if not q.shape == k.shape == v.shape:
+        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v))
+        raise ValueError(f"FlashCUR's kernels take q, k, v of one shape (B, H, n, d), got {shapes}; for values of "
+                         "another width (such as a diagnostic's V = I) use attention=curformer, the same method and "
+                         "parameters in PyTorch")
     check_device(q)
     if not q.dtype == k.dtype == v.dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"FlashCUR takes q, k, v of one dtype among float32/float16/bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")

@@ -200,10 +200,11 @@ def rows_attention(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_m
     nothing ``n × m`` is stored, forward or backward: two Triton kernels forward and two backward, with a few
     ``m``-sized operators, where this module's stage launches 12 and 16 kernels) where they take the operands
     (:func:`kernels.cur.launch.rows_fit`: at most 128 rows, padded with zero rows to 16, 32, 64 or 128, their
-    results cut off; 16 ≤ d ≤ 128; float32, float16 or bfloat16 tiles within the GPU's shared memory); else, and
-    with ``fused``, the split-K stage above."""
+    results cut off; 16 ≤ d ≤ 128; values as wide as the queries; float32, float16 or bfloat16 tiles within the
+    GPU's shared memory); else (a diagnostic's ``V = I`` among them), and with ``fused``, the split-K stage above."""
     m, d = q_rows.shape[-2:]
-    if form == "triton" and q_rows.dtype == k.dtype == v.dtype and cur_launch.rows_fit(m, d, k.dtype, k.device):
+    if (form == "triton" and q_rows.dtype == k.dtype == v.dtype and v.shape[-1] == d
+            and cur_launch.rows_fit(m, d, k.dtype, k.device)):
         size = cur_launch.padded_m(m)
         rows = torch.nn.functional.pad(q_rows, (0, 0, 0, size - m)) if size > m else q_rows.contiguous()
         rv, _ = cur_ops.rv_forward(rows, k, v, key_mask)  # (B, H, size, d) float32

@@ -50,6 +50,8 @@ def rv_forward(q_sel: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     """
     B, H, m, d = q_sel.shape
     n = k.shape[2]
+    if not (k.shape[-1] == v.shape[-1] == d and k.shape == v.shape):  # the tiles hold d columns of each
+        raise ValueError(f"kernel (a) takes k, v (B, H, n, d) with q_sel's d = {d}; got {tuple(k.shape)}, {tuple(v.shape)}")
     cfg = launch.config("_rv_fwd", n, m, d, q_sel)
     parts, split_n = _split("_rv_fwd", cfg, B * H, n, m)
     rv, lse = _partials(B, H, parts, m, d, like=q_sel), _partials(B, H, parts, m, like=q_sel)

@@ -104,6 +104,20 @@ def test_cpu_tensors_without_interpreted_kernels_are_refused(monkeypatch):
         attn(q, q, q, torch.ones(1, 20, dtype=torch.bool))
 
 
+def test_values_of_another_width_are_refused_not_cut():
+    """The kernels hold d columns of V: values of another width (a diagnostic's V = I, n wide) are refused with the
+    PyTorch variant to use, by FlashCUR and by kernel (a)'s runner (which the fused CUR and Nyström rows stage also
+    calls), before any launch, instead of returning d of their columns."""
+    q = torch.randn(1, 2, 40, 32)
+    wide = torch.eye(40).expand(1, 2, 40, 40)
+    index = torch.arange(8).expand(1, 2, 8)
+    with pytest.raises(ValueError, match=r"one shape \(B, H, n, d\), got \(1, 2, 40, 32\), \(1, 2, 40, 32\), "
+                                         r"\(1, 2, 40, 40\); .*use attention=curformer"):
+        attention.flashcur.flashcur_attention(q, q, wide, torch.ones(1, 40, dtype=torch.bool), index, index)
+    with pytest.raises(ValueError, match="kernel \\(a\\) takes k, v"):
+        kernel_run.rv_forward(q[:, :, :8], q, wide, torch.ones(1, 40, dtype=torch.bool))
+
+
 @pytest.mark.parametrize(
     ("override", "head_dim", "message"),
     [
