@@ -52,6 +52,11 @@ class LunaAttention(nn.Module):
     ``projection_length`` is the p that :mod:`models.luna` allocates for ``P₀``.
     """
 
+    # Luna's token mixing softmax(Q K_Pᵀ) (Y_P W_v), Y_P the concatenated pack heads, mixes every pack head into
+    # every unpack head through W_k, W_v: no per-head (n, n) matrix applies to X (MultiHeadAttention.attention_matrix)
+    no_attention_matrix = ("attention=luna has no per-head n x n attention matrix (each unpack head reads every pack "
+                           "head through k_proj/v_proj): diagnostics that need one do not apply to it")
+
     def __init__(self, num_heads: int, head_dim: int, projection_length: int = 256, dynamic_projection: bool = True,
                  dropout: float = 0.1):
         super().__init__()

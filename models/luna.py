@@ -64,12 +64,6 @@ class LunaMultiHeadAttention(MultiHeadAttention):
         y = self.attend.unpack(q, k, v, projection_mask)  # (B, H, n, d)
         return self.out_proj(y.transpose(1, 2).flatten(2)), packed
 
-    def attention_matrix(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """Refused: Luna's token mixing ``softmax(Q K_Pᵀ) (Y_P W_v)`` with ``Y_P`` the concatenated pack heads mixes
-        every pack head into every unpack head through ``W_k, W_v``: no per-head ``(n, n)`` matrix applies to ``X``."""
-        raise ValueError("attention=luna has no per-head n x n attention matrix (each unpack head reads every pack "
-                         "head through k_proj/v_proj): diagnostics that need one do not apply to it")
-
 
 class LunaBlock(TransformerBlock):
     """One Luna layer over ``[P; X]`` (module docstring): post-norm, P updated by the pack, X by unpack and FFN."""

@@ -201,10 +201,12 @@ def test_pooled_prefix_matches_a_hand_pooled_mean(tiny_listops):
 
 
 def test_a_variant_without_a_matrix_is_a_line_and_the_next_still_runs(tiny_listops, monkeypatch, capsys):
-    """DBA mixes heads nonlinearly (no n × n matrix): its line gives the reason; softmax after it still prints."""
+    """DBA and Luna mix heads (no per-head n × n matrix): each line gives the reason; softmax after them still prints."""
     monkeypatch.setattr(sys, "argv", ["root_attention", "--data", str(tiny_listops), "--batch", "3",
-                                      "--variants", "attention=dba", "attention=softmax"])
+                                      "--variants", "attention=dba", "attention=luna", "attention=softmax"])
     probe.main()
     lines = capsys.readouterr().out.splitlines()
-    assert any("attention=dba" in line and "refused: attention=dba has no per-head n x n" in line for line in lines)
+    for name in ("dba", "luna"):
+        assert any(f"attention={name}" in line and f"refused: attention={name} has no per-head n x n" in line
+                   for line in lines), lines
     assert any("attention=softmax" in line and "layer 1:" in line for line in lines)
