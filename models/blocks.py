@@ -74,7 +74,7 @@ class MultiHeadAttention(nn.Module):
     def attention_matrix(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The effective attention ``(B, H, n, n)`` that ``forward(x, key_mask)`` applies to the values of ``x``
         ``(B, n, d_model)``: ``attend`` with ``V = I`` (so CUR's ``C U⁺ R``, not a softmax it approximates). For diagnostics.
-        A variant whose output is no per-head linear map of ``V`` says why in ``no_attention_matrix`` (DBA, Set
+        A variant whose output is no per-head linear map of ``V`` says why in ``no_attention_matrix`` (Luna, DBA, Set
         Transformer): a ValueError with that reason."""
         reason = getattr(self.attend, "no_attention_matrix", None)
         if reason:
