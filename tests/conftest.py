@@ -22,7 +22,7 @@ from omegaconf import DictConfig, open_dict
 
 from attention import impl as attention_impl
 from lra import REPO_ROOT
-from lra.tasks import listops
+from lra.tasks import listops_generator
 
 CONFIG_DIR = str(REPO_ROOT / "configs")
 
@@ -169,7 +169,7 @@ def run_in_process(args: list[str], env: dict | None = None, merge_output: bool 
 def tiny_listops(tmp_path_factory) -> Path:
     """A tiny ListOps copy in the official format (64/32/32 examples, lengths 10-60)."""
     out = tmp_path_factory.mktemp("listops")
-    listops.generate(out, {"train": 64, "val": 32, "test": 32}, seed=0, min_length=10, max_length=60)
+    listops_generator.generate(out, {"train": 64, "val": 32, "test": 32}, seed=0, min_length=10, max_length=60)
     return out
 
 

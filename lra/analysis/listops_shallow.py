@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Callable, Hashable
 
 from lra.analysis.listops_cue import read_examples
-from lra.tasks.listops import INDEPENDENT_TEST, OPERATORS, evaluate
+from lra.tasks.listops_generator import evaluate
+from lra.tasks.listops_vocab import INDEPENDENT_TEST, OPERATORS
 
 
 @dataclass(frozen=True)

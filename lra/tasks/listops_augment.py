@@ -19,7 +19,7 @@ they are batched, in ``src/data_loaders/listops.py`` (``ListopsCollatorFn``; lin
   what the published augmented runs used: ``augment: 1.0`` with this code in
   ``configs/listops/rotary_transformer_augment_nopretrain.json`` (added 2024-05-21, commit bdeb947).
 
-Ours, in our words: a node's value is :data:`lra.tasks.listops.APPLY`'s, the evaluator's (LRA's semantics, MED =
+Ours, in our words: a node's value is :data:`lra.tasks.listops_generator.APPLY`'s, the evaluator's (LRA's semantics, MED =
 ``int(median)``), so a collapsed example keeps its label; their collapse wrote ``sorted(x)[len(x) // 2]`` for MED,
 the upper middle value, which differs from LRA's label for an even number of arguments. The rewrite of example
 ``i`` in epoch ``e`` of a run with seed ``s`` draws from its own stream seeded by ``(s, e, i)`` only
@@ -38,7 +38,8 @@ import random
 import torch
 
 from lra.tasks.base import EpochDataset, TokenizedSplit
-from lra.tasks.listops import APPLY, OPERATORS, TOKEN_IDS
+from lra.tasks.listops_generator import APPLY
+from lra.tasks.listops_vocab import OPERATORS, TOKEN_IDS
 
 DIGIT_0, CLOSE, UNKNOWN = TOKEN_IDS["0"], TOKEN_IDS["X"], TOKEN_IDS["<unk>"]
 OPERATOR_OF = {TOKEN_IDS[operator]: operator for operator in OPERATORS}

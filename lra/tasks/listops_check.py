@@ -17,7 +17,7 @@ DIGIT0, MIN, MAX, MED, SM, CLOSE = (TOKEN_IDS[token] for token in ("0", "[MIN", 
 
 
 def apply(operator: int, values: list[int]) -> int:
-    """An operator's value (:data:`lra.tasks.listops.APPLY`): MIN, MAX, ``int(median)`` (the middle pair's mean,
+    """An operator's value (:data:`lra.tasks.listops_generator.APPLY`): MIN, MAX, ``int(median)`` (the middle pair's mean,
     truncated, for an even count), sum mod 10."""
     if operator == MIN:
         return min(values)

@@ -15,7 +15,7 @@ from lra.analysis.comparability import PUBLISHED
 from lra.analysis.dashboard import build_report, build_spec, build_views, published_rows, used_keys
 from lra.analysis.report import collect, group_runs
 from lra.runtime.interrupts import SIGTERM_EXIT_CODE
-from lra.tasks import listops
+from lra.tasks import listops_generator
 from lra.runtime.wandb_summary import GROUP_KEYS, group_keys, summary_fields
 from tests.conftest import REPO_ROOT, compose_config, run_cli, run_in_process
 
@@ -55,7 +55,7 @@ def train(data: Path, run_dir: Path, *extra: str, env: dict | None = None) -> su
 def data(tmp_path_factory) -> Path:
     """Tiny ListOps with an independent test split, so the run logs ``independent_test/acc`` too."""
     out = tmp_path_factory.mktemp("listops_independent")
-    listops.generate(out, {"train": 64, "val": 32, "test": 32, "independent_test": 32}, seed=0, min_length=10,
+    listops_generator.generate(out, {"train": 64, "val": 32, "test": 32, "independent_test": 32}, seed=0, min_length=10,
                      max_length=60)
     return out
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from tests.conftest import run_cli
 
-from lra.tasks import listops
+from lra.tasks import listops, listops_generator
 from lra.analysis.listops_cue import accuracy, balanced_accuracy, first_operator, fit, read_examples, split_accuracies
 
 
 def test_first_operator_is_the_root():
     tree = ("[SM", [("[MAX", [1, 2]), 3])
-    source = listops.to_string(tree)
+    source = listops_generator.to_string(tree)
     assert source.startswith("( ( ( [SM ( ( ( [MAX")
     assert first_operator(source) == "[SM"
     with pytest.raises(ValueError, match="no ListOps operator"):
@@ -33,7 +33,7 @@ def test_rule_is_the_majority_label_per_operator():
 
 @pytest.mark.process
 def test_cli_matches_an_independent_count(tmp_path):
-    listops.generate(tmp_path, {"train": 300, "val": 50, "test": 80}, seed=3, min_length=10, max_length=80)
+    listops_generator.generate(tmp_path, {"train": 300, "val": 50, "test": 80}, seed=3, min_length=10, max_length=80)
     train, test = (read_examples(tmp_path / f"basic_{split}.tsv") for split in ("train", "test"))
     root = re.compile(r"\[(MIN|MAX|MED|SM)")
     by_root = defaultdict(Counter)
@@ -57,7 +57,7 @@ def test_cli_names_missing_data(tmp_path):
 def test_training_cue_on_token_ids_is_the_cue_on_the_files(tmp_path):
     """``lra.tasks.listops.first_operator_cue`` (what training records, on the cached token ids, sequences cut to
     ``max_length``) scores what the file-based probe scores on every split."""
-    listops.generate(tmp_path, {"train": 300, "val": 50, "test": 80, "independent_test": 60}, seed=4, min_length=10,
+    listops_generator.generate(tmp_path, {"train": 300, "val": 50, "test": 80, "independent_test": 60}, seed=4, min_length=10,
                      max_length=80)
     data = listops.ListOpsDataModule(data_dir=str(tmp_path), max_length=40, batch_size=8, cache_dir=None)
     data.setup("fit")

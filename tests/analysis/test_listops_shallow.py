@@ -7,13 +7,13 @@ import pytest
 
 from lra.analysis import listops_cue, listops_shallow
 from lra.analysis.listops_shallow import FEATURES, TopLevel, aggregate, rule_accuracy, top_level
-from lra.tasks import listops
+from lra.tasks import listops_generator
 
 
 def test_top_level_reads_the_roots_own_digits():
     tree = ("[MAX", [2, ("[MIN", [3, ("[SM", [4, 5])]), 9, ("[MED", [1])])
-    assert top_level(listops.to_string(tree)) == TopLevel("[MAX", (2, 9), 2)
-    assert top_level(listops.to_string(("[SM", [("[MAX", [1])]))) == TopLevel("[SM", (), 1)
+    assert top_level(listops_generator.to_string(tree)) == TopLevel("[MAX", (2, 9), 2)
+    assert top_level(listops_generator.to_string(("[SM", [("[MAX", [1])]))) == TopLevel("[SM", (), 1)
     with pytest.raises(ValueError, match="starts with an operator"):
         top_level("( 3 )")
 
@@ -36,7 +36,7 @@ def test_rules_by_hand():
 
 
 def test_cli_cue_row_equals_listops_cue(tmp_path, capsys):
-    listops.generate(tmp_path, {"train": 300, "val": 50, "test": 80}, seed=3, min_length=10, max_length=80)
+    listops_generator.generate(tmp_path, {"train": 300, "val": 50, "test": 80}, seed=3, min_length=10, max_length=80)
     scores = listops_shallow.main([str(tmp_path), "--split", "test"])
     cue = listops_cue.fit(listops_cue.read_examples(tmp_path / "basic_train.tsv"))
     assert scores["root (the cue)"] == pytest.approx(listops_cue.accuracy(cue, listops_cue.read_examples(tmp_path / "basic_test.tsv")))

@@ -10,7 +10,7 @@ import pytest
 
 from lra.analysis import listops_cue, report
 from lra.analysis.significance import mcnemar
-from lra.tasks import listops
+from lra.tasks import listops_generator
 
 from test_report import run_report, table_rows, write_run
 
@@ -92,7 +92,7 @@ def test_baseline_chosen_by_label_and_refused_when_it_names_no_row(runs, capsys)
 
 def test_the_cue_comes_from_the_records_else_from_the_data(tmp_path, capsys):
     data = tmp_path / "data"
-    listops.generate(data, {"train": 60, "val": 20, "test": 20, "independent_test": 40}, seed=1, min_length=10,
+    listops_generator.generate(data, {"train": 60, "val": 20, "test": 20, "independent_test": 40}, seed=1, min_length=10,
                      max_length=40)
     cue = listops_cue.split_accuracies(data)
     config = {"task": {"name": "listops", "data_dir": str(data), "num_classes": 10}}

@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 from lra.runtime.checkpoints import AtomicCheckpointIO, DiskFull, read_checkpoint
 from lra.runtime.run_dir import settings_differences
 from lra.tasks.files import atomic_write
-from lra.tasks.listops import HEADER, read_tsv
+from lra.tasks.listops import read_tsv
+from lra.tasks.listops_generator import HEADER
 from lra.runtime.interrupts import SIGTERM_EXIT_CODE
 from lra.train import note_exact_landmarks
 from tests.conftest import REPO_ROOT, compose_config, run_cli, run_in_process

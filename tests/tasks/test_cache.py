@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lra import REPO_ROOT
-from lra.tasks import listops
+from lra.tasks import listops, listops_generator
 from lra.tasks.base import SPLITS
 from lra.tasks.files import building
 
@@ -64,7 +64,7 @@ def module(data_dir, cache_dir) -> listops.ListOpsDataModule:
 
 
 def test_a_file_edited_in_place_to_the_same_size_rebuilds_the_cache(tmp_path):
-    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    listops_generator.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
     before = module(tmp_path / "data", tmp_path / "cache")
     before.setup()
     old_cache = before.cache_path("test")
@@ -83,8 +83,8 @@ def test_a_file_edited_in_place_to_the_same_size_rebuilds_the_cache(tmp_path):
 
 @pytest.mark.parametrize("split", ["val", "test"])
 def test_an_empty_split_is_an_error_naming_the_file_and_the_fix(tmp_path, split):
-    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
-    (tmp_path / "data" / f"basic_{split}.tsv").write_text(listops.HEADER + "\n")  # header, no rows
+    listops_generator.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    (tmp_path / "data" / f"basic_{split}.tsv").write_text(listops_generator.HEADER + "\n")  # header, no rows
     with pytest.raises(ValueError, match=rf"the {split} split is empty .*basic_{split}\.tsv.*re-download or regenerate"):
         module(tmp_path / "data", tmp_path / "cache").setup()
 
@@ -94,7 +94,7 @@ def add_bad_line(path) -> None:
 
 
 def test_a_failed_first_build_leaves_no_lock_only_cache_folder(tmp_path):
-    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    listops_generator.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
     add_bad_line(tmp_path / "data" / "basic_train.tsv")
     with pytest.raises(ValueError, match="basic_train.tsv"):
         module(tmp_path / "data", tmp_path / "cache").prepare_data()
@@ -102,7 +102,7 @@ def test_a_failed_first_build_leaves_no_lock_only_cache_folder(tmp_path):
 
 
 def test_a_failed_build_keeps_the_splits_built_before_it(tmp_path):
-    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    listops_generator.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
     add_bad_line(tmp_path / "data" / "basic_val.tsv")
     with pytest.raises(ValueError, match="basic_val.tsv"):
         module(tmp_path / "data", tmp_path / "cache").prepare_data()
@@ -111,7 +111,7 @@ def test_a_failed_build_keeps_the_splits_built_before_it(tmp_path):
 
 
 def test_a_failed_build_leaves_a_folder_it_did_not_create(tmp_path):
-    listops.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
+    listops_generator.generate(tmp_path / "data", SIZES, seed=0, min_length=10, max_length=60)
     add_bad_line(tmp_path / "data" / "basic_train.tsv")
     data = module(tmp_path / "data", tmp_path / "cache")
     folder = data.cache_path("train").parent

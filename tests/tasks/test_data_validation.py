@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lra.tasks import image, listops, retrieval, text
+from lra.tasks import image, listops, listops_generator, retrieval, text
 from lra.tasks.base import TokenizedSplit, first_bad_example
 from tests.conftest import run_in_process
 
@@ -46,7 +46,7 @@ def test_first_bad_example_names_the_first_of_each_kind():
 ])
 def test_a_listops_line_that_is_not_listops_is_named_by_file_and_line(tmp_path, line, problem):
     path = tmp_path / "basic_train.tsv"
-    path.write_text(f"{listops.HEADER}\n[MAX 2 9 ]\t9\n\n{line}\n[MIN 1 2 ]\t1\n")
+    path.write_text(f"{listops_generator.HEADER}\n[MAX 2 9 ]\t9\n\n{line}\n[MIN 1 2 ]\t1\n")
     with pytest.raises(ValueError, match=rf"^{path}:4: .*{problem}"):
         listops.read_tsv(path)
 

@@ -10,7 +10,7 @@ import torch
 
 from tests.conftest import run_in_process
 from lra.analysis import listops_cue
-from lra.tasks import listops
+from lra.tasks import listops_generator
 
 
 def labels_of(path: Path) -> list[int]:
@@ -23,8 +23,8 @@ def sources_of(path: Path) -> set[str]:
 
 def test_generate_draws_the_independent_test_after_the_official_splits(tmp_path):
     small = dict(seed=3, min_length=10, max_length=60)
-    listops.generate(tmp_path / "plain", {"train": 40, "val": 10, "test": 10}, **small)
-    listops.generate(tmp_path / "with", {"train": 40, "val": 10, "test": 10, "independent_test": 30}, **small)
+    listops_generator.generate(tmp_path / "plain", {"train": 40, "val": 10, "test": 10}, **small)
+    listops_generator.generate(tmp_path / "with", {"train": 40, "val": 10, "test": 10, "independent_test": 30}, **small)
     for split in ("train", "val", "test"):  # the official splits are unchanged by the extra one
         name = f"basic_{split}.tsv"
         assert (tmp_path / "plain" / name).read_text() == (tmp_path / "with" / name).read_text()
@@ -36,7 +36,7 @@ def test_generate_draws_the_independent_test_after_the_official_splits(tmp_path)
 
 def test_training_tests_the_best_checkpoint_on_the_independent_test(tmp_path, tiny_listops_overrides):
     data = tmp_path / "data"
-    listops.generate(data, {"train": 64, "val": 32, "test": 32, "independent_test": 48}, seed=0, min_length=10,
+    listops_generator.generate(data, {"train": 64, "val": 32, "test": 32, "independent_test": 48}, seed=0, min_length=10,
                      max_length=60)
     overrides = [o for o in tiny_listops_overrides if not o.startswith("task.data_dir=")] + [f"task.data_dir={data}"]
     run_dir = tmp_path / "run"

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from lra.tasks import listops
+from lra.tasks import listops, listops_generator
 from lra.tasks.base import SPLITS
 
 
@@ -50,7 +50,7 @@ def token_length(source: str) -> int:
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     out = tmp_path_factory.mktemp("gen")
-    listops.generate(out, {"train": 120, "val": 30, "test": 30}, seed=3, min_length=20, max_length=90)
+    listops_generator.generate(out, {"train": 120, "val": 30, "test": 30}, seed=3, min_length=20, max_length=90)
     return out
 
 
@@ -76,7 +76,7 @@ def test_examples_are_unique_across_splits(generated):
 def test_same_seed_identical_bytes_other_seed_differs(tmp_path):
     sizes = {"train": 20, "val": 5, "test": 5}
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
-        listops.generate(tmp_path / name, sizes, seed=seed, min_length=10, max_length=60)
+        listops_generator.generate(tmp_path / name, sizes, seed=seed, min_length=10, max_length=60)
     read = lambda name: (tmp_path / name / "basic_train.tsv").read_bytes()
     assert read("a") == read("b")
     assert read("a") != read("c")

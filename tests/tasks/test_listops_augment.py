@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from lra.tasks import listops
+from lra.tasks import listops, listops_generator
 from lra.tasks.base import TokenizedSplit
 from lra.tasks.listops_augment import AugmentedSplit, CollapseSubtrees, ShuffleArguments
 from tests.conftest import compose_config
@@ -29,7 +29,7 @@ TREES = [
 
 
 def ids_of(tree) -> list[int]:
-    return listops.tokenize(listops.to_string(tree))
+    return listops.tokenize(listops_generator.to_string(tree))
 
 
 def value_of(ids: list[int]) -> int:
@@ -43,7 +43,7 @@ def collapse(intercept: float, slope: float = 0.0) -> CollapseSubtrees:
 
 @pytest.mark.parametrize("tree", TREES, ids=range(len(TREES)))
 def test_collapse_keeps_the_value_of_hand_built_trees(tree):
-    ids, value = ids_of(tree), listops.evaluate(tree)
+    ids, value = ids_of(tree), listops_generator.evaluate(tree)
     assert value_of(ids) == value
     assert collapse(50.0)(ids, random.Random(0)) == [listops.TOKEN_IDS[str(value)]]  # every node: the value alone
     assert collapse(-50.0)(ids, random.Random(0)) == ids                              # no node
@@ -99,7 +99,7 @@ def test_shuffle_reorders_arguments_only(tree):
     ids, orders = ids_of(tree), set()
     for seed in range(50):
         rewritten = ShuffleArguments(example_probability=1.0)(ids, random.Random(seed))
-        assert canonical(tree_of(rewritten)) == canonical(tree) and value_of(rewritten) == listops.evaluate(tree)
+        assert canonical(tree_of(rewritten)) == canonical(tree) and value_of(rewritten) == listops_generator.evaluate(tree)
         orders.add(tuple(rewritten))
     assert len(orders) > 1
 
@@ -107,7 +107,7 @@ def test_shuffle_reorders_arguments_only(tree):
 @pytest.fixture(scope="module")
 def train_split(tmp_path_factory) -> tuple[TokenizedSplit, str]:
     out = tmp_path_factory.mktemp("augment")
-    listops.generate(out, {"train": 120, "val": 1, "test": 1}, seed=3, min_length=10, max_length=90)
+    listops_generator.generate(out, {"train": 120, "val": 1, "test": 1}, seed=3, min_length=10, max_length=90)
     sequences, labels = listops.read_tsv(out / "basic_train.tsv")
     return TokenizedSplit.from_sequences(sequences, labels, 90), str(out / "basic_train.tsv")
 

@@ -9,7 +9,7 @@ import os
 import pytest
 from hydra.utils import instantiate
 
-from lra.tasks import listops
+from lra.tasks import listops_generator
 from lra.tasks.generated import MANIFEST, GenerationRefused
 from tests.conftest import compose_config
 
@@ -29,8 +29,8 @@ def datamodule(tmp_path, data_dir=None):
 
 def users_files(folder):
     folder.mkdir(parents=True)
-    (folder / "basic_train.tsv").write_text(listops.HEADER + "\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")
-    (folder / "basic_val.tsv").write_text(listops.HEADER + "\n( ( ( [MIN 2 ) 9 ) ] )\t2\n")
+    (folder / "basic_train.tsv").write_text(listops_generator.HEADER + "\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")
+    (folder / "basic_val.tsv").write_text(listops_generator.HEADER + "\n( ( ( [MIN 2 ) 9 ) ] )\t2\n")
     return {path.name: path.read_bytes() for path in folder.iterdir()}
 
 
@@ -51,7 +51,7 @@ def test_the_command_line_refuses_too(tmp_path, capsys):
     mine = tmp_path / "mine"
     before = users_files(mine)
     with pytest.raises(SystemExit) as exit_:
-        listops.main(["generate", "--out", str(mine), "--train", "5", "--val", "5", "--test", "5", "--independent-test", "0"])
+        listops_generator.main(["generate", "--out", str(mine), "--train", "5", "--val", "5", "--test", "5", "--independent-test", "0"])
     assert exit_.value.code == 1
     error = capsys.readouterr().err
     assert f"refusing to generate into {mine}: it holds basic_train.tsv" in error and f"--out {mine}-generated" in error
@@ -61,7 +61,7 @@ def test_the_command_line_refuses_too(tmp_path, capsys):
 def test_generates_into_an_empty_folder_and_records_what_it_wrote(tmp_path):
     out = tmp_path / "empty"
     out.mkdir()
-    listops.generate(out, SIZES, **SMALL)
+    listops_generator.generate(out, SIZES, **SMALL)
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["settings"]["sizes"] == [["train", 20], ["val", 5], ["test", 5]] and manifest["settings"]["seed"] == 0
     assert sorted(manifest["files"]) == sorted(path.name for path in out.iterdir() if path.name != MANIFEST)
@@ -85,7 +85,7 @@ def test_a_folder_the_same_settings_generated_is_taken_over(tmp_path):
 @pytest.mark.parametrize("change", ["edited", "other settings", "unlisted"])
 def test_a_generated_folder_that_changed_is_refused(tmp_path, change):
     out = tmp_path / "set"
-    listops.generate(out, SIZES, **SMALL)
+    listops_generator.generate(out, SIZES, **SMALL)
     (out / "basic_test.tsv").unlink()
     if change == "edited":
         path = out / "basic_train.tsv"
@@ -98,7 +98,7 @@ def test_a_generated_folder_that_changed_is_refused(tmp_path, change):
         expected = "notes.txt, which generated.json does not list"
     seed = 1 if change == "other settings" else SMALL["seed"]
     with pytest.raises(GenerationRefused, match=expected):
-        listops.generate(out, SIZES, **{**SMALL, "seed": seed})
+        listops_generator.generate(out, SIZES, **{**SMALL, "seed": seed})
     assert not (out / "basic_test.tsv").exists()
 
 
@@ -122,10 +122,10 @@ def test_the_tasks_own_folder_is_generated_without_a_note(tmp_path, capsys):
 
 def test_a_temporary_file_left_by_a_killed_write_is_not_a_users_file(tmp_path):
     out = tmp_path / "set"
-    listops.generate(out, SIZES, **SMALL)
+    listops_generator.generate(out, SIZES, **SMALL)
     (out / "basic_test.tsv").unlink()
     (out / ".basic_test.tsv.abc123.tmp").write_text("half a file")
-    listops.generate(out, SIZES, **SMALL)
+    listops_generator.generate(out, SIZES, **SMALL)
     assert (out / "basic_test.tsv").is_file() and os.path.getsize(out / "basic_test.tsv") > 0
 
 
