@@ -8,7 +8,7 @@ the wrappers launch with — and asserts per kernel, architecture, dtype and sup
 * shared memory per block ≤ the architecture's opt-in maximum (sm_80 167,936 B, sm_90 232,448 B),
   else the launch fails with ``OutOfResources``;
 * no register spills: a stack frame of 0 bytes in the cubin (spilled registers go to slow local
-  memory); :data:`kernels.cur.launch.REGISTER_TILES` is the measured table that makes this hold;
+  memory); :data:`kernels.cur.tiles.REGISTER_TILES` is the measured table that makes this hold;
 * :func:`kernels.cur.launch.shared_memory_estimate` (what the rule decides with) does not under-count
   the compiler's figure by more than 1 KiB, so the rule stays safe when a kernel changes.
 
@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from kernels.common.launch import SHARED_MEMORY_LIMIT
-from kernels.cur import launch
+from kernels.cur import launch, tiles
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="kernels defined under the interpreter cannot be compiled for a GPU"
@@ -102,7 +102,7 @@ def check_compiled(case) -> None:
     print(f"{where}: shared {compiled.shared:,} B, {compiled.registers} registers, stack {compiled.stack} B")
     assert compiled.shared <= compiled.limit, f"{where}: {compiled.shared:,} B shared memory > sm_{capability} limit {compiled.limit:,}"
     assert compiled.stack == 0, (f"{where}: registers spill ({compiled.stack} B stack frame, {compiled.registers} registers): "
-                                 "shrink this kernel's entry in kernels.cur.launch.REGISTER_TILES")
+                                 "shrink this kernel's entry in kernels.cur.tiles.REGISTER_TILES")
     estimate = estimate_of(case, compiled.config)
     assert compiled.shared <= estimate + 1024, f"{where}: estimate {estimate:,} B under-counts compiled {compiled.shared:,} B"
 
@@ -134,19 +134,19 @@ def test_rule_keeps_the_estimate_under_the_limit(kernel, capability, dtype_name)
                 assert size >= launch.MIN_DOT and size & (size - 1) == 0, (name, size)
         assert m % config.constexprs["BLOCK_M"] == 0
         block_n = config.constexprs.get("BLOCK_N", launch.MIN_DOT)
-        rule = launch.register_launch(kernel, launch.operands(dtype, tf32), m, config.constexprs["BLOCK_D"], block_n)
+        rule = tiles.register_launch(kernel, tiles.operands(dtype, tf32), m, config.constexprs["BLOCK_D"], block_n)
         if rule is not None:  # sm_80 / sm_90 never cut a register rule's tiles for shared memory
             assert (config.constexprs["BLOCK_M"], config.num_warps, config.num_stages) == rule, (m, d, n, config)
 
 
 def test_every_kernel_with_an_ieee_float32_dot_has_a_register_rule():
     """A kernel that multiplies by a float32 tensor (W, RV, gradients: a float32 tile in
-    :data:`kernels.cur.launch.TILES`) has IEEE fp32 dots on the FMA units for every input dtype, so it
+    :data:`kernels.cur.tiles.TILES`) has IEEE fp32 dots on the FMA units for every input dtype, so it
     needs a measured entry for every operand class; the others need one for fp32 inputs only."""
     for kernel in launch.KERNELS:
-        has_f32_tensor = any(f32 for group in launch.TILES[kernel].values() for *_, f32 in group)
+        has_f32_tensor = any(f32 for group in tiles.TILES[kernel].values() for *_, f32 in group)
         classes = ("fp32", "tf32", "half") if has_f32_tensor else ("fp32",)
-        assert all(launch.REGISTER_TILES[kernel][name] is not None for name in classes), kernel
+        assert all(tiles.REGISTER_TILES[kernel][name] is not None for name in classes), kernel
 
 
 def test_tiles_before_the_rules_overflow_an_a100():
