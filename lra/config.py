@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from lra import REPO_ROOT
@@ -11,7 +12,20 @@ from lra import REPO_ROOT
 CONFIG_DIR = REPO_ROOT / "configs"
 
 
+class OverridesRefused(SystemExit):
+    """Overrides that do not compose with ``configs/train.yaml`` (a bare name, an unknown group option or key).
+
+    A ``SystemExit`` so that the benchmark and analysis commands end on the message, not on Hydra's traceback."""
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """``configs/train.yaml`` composed with ``overrides`` (the config ``python -m lra.train`` would run)."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return compose(config_name="train", overrides=overrides)
+    except HydraException as error:
+        reason = " ".join(str(error).split()).split(" Config search path")[0]  # Hydra's provider list adds nothing
+        raise OverridesRefused(
+            f"[lra] FAILED: the overrides {' '.join(overrides)} do not compose with configs/train.yaml: {reason}. "
+            f"Write each as key=value (e.g. attention=bigbird; the choices: configs/<group>/*.yaml), as "
+            f"`python -m lra.train` takes them.") from error

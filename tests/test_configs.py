@@ -56,3 +56,18 @@ def test_every_option_of_the_other_groups_instantiates(group, tmp_path):
             assert trainer.max_steps == cfg.task.max_steps
         elif node:
             assert callable(instantiate(node))
+
+
+@pytest.mark.parametrize(("override", "named"), [("bigbird", "missing EQUAL"),
+                                                 ("attention=bigbrd", "Could not find 'attention/bigbrd'"),
+                                                 ("attention.no_such_key=1", "Could not override 'attention.no_such_key'")])
+def test_overrides_that_do_not_compose_end_on_a_message(override, named):
+    """The benchmark and analysis commands compose with lra.config.compose_config: a bad override ends the command
+    with Hydra's reason and how to write one, not with Hydra's traceback (a SystemExit, exit code 1)."""
+    from lra.config import OverridesRefused, compose_config as compose_for_commands
+
+    with pytest.raises(OverridesRefused) as refusal:
+        compose_for_commands(["task=listops", override])
+    message = str(refusal.value.code)
+    assert named in message and override in message and "key=value" in message
+    assert "Config search path" not in message

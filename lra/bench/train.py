@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 from lra import REPO_ROOT
-from lra.config import CONFIG_DIR, compose_config
+from lra.config import CONFIG_DIR, OverridesRefused, compose_config
 from lra.bench import common, inference
 
 COLUMNS = [
@@ -139,9 +139,9 @@ def check_flags(args: argparse.Namespace, lengths: list[int], variants: list[com
     overrides = row_overrides(args, lengths[0], variants[0], False)
     try:
         compose_config(overrides)
-    except Exception as error:  # Hydra's composition errors (unknown key, group or value)
+    except OverridesRefused as refusal:  # an unknown key, group or value: name the flags that made the overrides
         raise ValueError(f"the config {' '.join(overrides)} does not compose (check --task, --layers, --overrides): "
-                         f"{str(error).splitlines()[0]}") from error
+                         f"{refusal.code}") from refusal
 
 
 def run(args: argparse.Namespace) -> list[dict]:
