@@ -102,7 +102,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "resumed_from_step": resumed_from_step,
         "val_curve": val_curve,
         "train_examples": len(datamodule.splits["train"]),
-        "data_fingerprint": getattr(datamodule, "data_fingerprint", None),  # lra.tasks.base.data_fingerprint
+        "data_fingerprint": getattr(datamodule, "data_fingerprint", None),  # lra.tasks.splits.data_fingerprint
         **datamodule.shortcut_record(),
         **pretrained,
     }

@@ -4,7 +4,7 @@ restarts from (:func:`note_lost_checkpoints`).
 
 - every label lies in ``[0, task.num_classes)`` and every token id in ``[0, task.vocab_size)``: the model's head and
   embedding are sized by these keys, and a mismatch would be an ``IndexError`` at step 1 naming neither;
-- the data is the data the resumed checkpoint trained on (:func:`lra.tasks.base.data_fingerprint`, kept in each
+- the data is the data the resumed checkpoint trained on (:func:`lra.tasks.splits.data_fingerprint`, kept in each
   checkpoint and in ``results.json`` as ``data_fingerprint``); a resume on changed data is refused unless
   ``accept_changed_data=true``;
 - the best checkpoint a resumed run will test still exists (else it would train to the end, then fail).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import lightning as L
 
-from lra.tasks.base import data_fingerprint
+from lra.tasks.splits import data_fingerprint
 
 
 class DataChecks(L.Callback):

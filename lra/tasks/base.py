@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,93 +41,11 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lra.tasks.files import atomic_write, building, remove_partial_writes
+from lra.tasks.files import atomic_write, building, disk_full, remove_partial_writes
 from lra.tasks.resume import EpochSampler, ResumableLoader, rng_states, set_rng_states
+from lra.tasks.splits import SPLITS, TokenizedSplit, first_bad_example
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "val", "test")
-PAD_ID = 0
-
-
-@dataclass
-class TokenizedSplit:
-    """``ids`` int ``(N, [k,] L)`` padded with 0, ``lengths`` ``(N, [k])`` real tokens, ``labels`` ``(N,)``."""
-
-    ids: torch.Tensor
-    lengths: torch.Tensor
-    labels: torch.Tensor
-
-    @classmethod
-    def from_sequences(cls, sequences: list, labels: list[int], max_length: int) -> "TokenizedSplit":
-        """Pad (and truncate to ``max_length``) lists of id lists; an item may be a tuple of documents."""
-        multi = bool(sequences) and isinstance(sequences[0], tuple)
-        docs = [seq if multi else (seq,) for seq in sequences]
-        k = len(docs[0]) if docs else 1
-        ids = torch.zeros(len(docs), k, max_length, dtype=torch.int16)
-        lengths = torch.zeros(len(docs), k, dtype=torch.int32)
-        for i, item in enumerate(docs):
-            for j, doc in enumerate(item):
-                doc = doc[:max_length]
-                ids[i, j, : len(doc)] = torch.as_tensor(doc, dtype=torch.int16)
-                lengths[i, j] = len(doc)
-        if not multi:
-            ids, lengths = ids[:, 0], lengths[:, 0]
-        return cls(ids, lengths, torch.as_tensor(labels, dtype=torch.long))
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-def first_bad_example(data: TokenizedSplit, num_classes: int | None, vocab_size: int | None,
-                      rows: int = 4096) -> tuple[int, str] | None:
-    """``(index, what is wrong)`` of the first example with no tokens (a document of length 0), a label outside
-    ``[0, num_classes)`` or a token id outside ``[0, vocab_size)``; None when every example is fine. Vectorised,
-    ``rows`` examples at a time: O(N·L) time, O(rows·L) memory."""
-    found = []
-    lengths = data.lengths.view(len(data), -1)
-    if bool((lengths < 1).any()):
-        found.append((int((lengths < 1).any(1).nonzero()[0]), "it holds no tokens"))
-    if num_classes is not None:
-        outside = (data.labels < 0) | (data.labels >= num_classes)
-        if bool(outside.any()):
-            index = int(outside.nonzero()[0])
-            found.append((index, f"label {int(data.labels[index])} outside 0..{num_classes - 1} (task.num_classes)"))
-    if vocab_size is not None:
-        for start in range(0, len(data), rows):
-            chunk = data.ids[start : start + rows].reshape(min(rows, len(data) - start), -1)
-            if int(chunk.min()) >= 0 and int(chunk.max()) < vocab_size:  # two reductions: the common case
-                continue
-            outside = ((chunk < 0) | (chunk >= vocab_size)).any(1)
-            if bool(outside.any()):
-                index = start + int(outside.nonzero()[0])
-                token = data.ids[index].flatten()[((data.ids[index].flatten() < 0) | (data.ids[index].flatten() >= vocab_size))]
-                found.append((index, f"token id {int(token[0])} outside 0..{vocab_size - 1} (task.vocab_size)"))
-                break
-    return min(found) if found else None
-
-
-def disk_full(error: BaseException | None) -> bool:
-    """Whether ``error``, or one it was raised from or while handling, is a full disk or quota (``torch.save``
-    reports one as ``RuntimeError: [enforce fail at inline_container.cc:...]``, raised while handling the ENOSPC)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def data_fingerprint(splits: dict[str, TokenizedSplit]) -> str:
-    """SHA-256 (hex) of the splits' tensors (ids, lengths, labels, in split-name order): the data a run trained on,
-    whatever its files' names or times (a copy without its times has the same fingerprint, an edited line another).
-    About 1 GB/s: a fraction of a second for full ListOps."""
-    digest = hashlib.sha256()
-    for name in sorted(splits):
-        digest.update(name.encode())
-        for tensor in (splits[name].ids, splits[name].lengths, splits[name].labels):
-            digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
-            digest.update(tensor.contiguous().numpy().data)
-    return digest.hexdigest()
 
 
 class SplitDataset(Dataset):

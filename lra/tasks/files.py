@@ -1,4 +1,4 @@
-"""File helpers shared by the task readers: cache-key fingerprints, atomic writes, inter-process locks."""
+"""File helpers shared by the task readers: cache-key fingerprints, atomic writes, inter-process locks, a full disk."""
 
 from __future__ import annotations
 
@@ -162,4 +162,11 @@ def remove_if_empty(folder: Path) -> None:
             log.warning("could not remove the empty cache folder %s (%s)", folder, error)
 
 
-# --- resumable training order ------------------------------------------------------------------------
+def disk_full(error: BaseException | None) -> bool:
+    """Whether ``error``, or one it was raised from or while handling, is a full disk or quota (``torch.save``
+    reports one as ``RuntimeError: [enforce fail at inline_container.cc:...]``, raised while handling the ENOSPC)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule
 from lra.tasks.files import file_fingerprint
+from lra.tasks.splits import TokenizedSplit
 from lra.tasks.tfds_source import load_tfds, tfds_prepared
 
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

@@ -22,13 +22,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule
 from lra.tasks.files import file_fingerprint, record_line, transient_lock
 from lra.tasks.first_operator import FIRST_OPERATOR_CUE, first_operator_rule
 from lra.tasks.generated import GenerationRefused
 from lra.tasks.listops_check import tree_value
 from lra.tasks.listops_generator import generate
 from lra.tasks.listops_vocab import INDEPENDENT_TEST, OPERATORS, TOKEN_IDS, VOCAB
+from lra.tasks.splits import TokenizedSplit
 
 log = logging.getLogger(__name__)
 

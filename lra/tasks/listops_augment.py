@@ -37,9 +37,10 @@ import random
 
 import torch
 
-from lra.tasks.base import EpochDataset, TokenizedSplit
+from lra.tasks.base import EpochDataset
 from lra.tasks.listops_generator import APPLY
 from lra.tasks.listops_vocab import OPERATORS, TOKEN_IDS
+from lra.tasks.splits import TokenizedSplit
 
 DIGIT_0, CLOSE, UNKNOWN = TOKEN_IDS["0"], TOKEN_IDS["X"], TOKEN_IDS["<unk>"]
 OPERATOR_OF = {TOKEN_IDS[operator]: operator for operator in OPERATORS}

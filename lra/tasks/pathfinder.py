@@ -33,8 +33,9 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule
 from lra.tasks.files import file_fingerprint
+from lra.tasks.splits import TokenizedSplit
 
 log = logging.getLogger(__name__)
 

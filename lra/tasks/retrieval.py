@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule
 from lra.tasks.files import file_fingerprint, record_line
+from lra.tasks.splits import TokenizedSplit
 from lra.tasks.text import BYTE_OFFSET, byte_ids
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}

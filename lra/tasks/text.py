@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lra.tasks.base import CachedDataModule, TokenizedSplit
+from lra.tasks.base import CachedDataModule
 from lra.tasks.files import file_fingerprint
+from lra.tasks.splits import TokenizedSplit
 from lra.tasks.tfds_source import load_tfds, tfds_prepared
 
 BYTE_OFFSET = 1  # id = byte + 1, 0 = pad

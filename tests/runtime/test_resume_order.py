@@ -16,8 +16,9 @@ import subprocess
 import pytest
 import torch
 
-from lra.tasks.base import SplitDataset, TokenizedSplit, collate
+from lra.tasks.base import SplitDataset, collate
 from lra.tasks.resume import EpochSampler, ResumableLoader, group_by_length
+from lra.tasks.splits import TokenizedSplit
 from tests.conftest import run_cli, run_in_process
 from tests.console_output import bar_states
 

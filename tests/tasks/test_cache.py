@@ -13,7 +13,7 @@ import torch
 
 from lra import REPO_ROOT
 from lra.tasks import listops, listops_generator
-from lra.tasks.base import SPLITS
+from lra.tasks.splits import SPLITS
 from lra.tasks.files import building
 
 PROCESSES = 4

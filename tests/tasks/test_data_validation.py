@@ -1,5 +1,5 @@
 """Data is checked when it is first read or cached: the first bad example is named with its file and line, and a
-run fails before its first training step (lra.tasks.base.first_bad_example, each task's reader)."""
+run fails before its first training step (lra.tasks.splits.first_bad_example, each task's reader)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lra.tasks import image, listops, listops_generator, retrieval, text
-from lra.tasks.base import TokenizedSplit, first_bad_example
+from lra.tasks.splits import TokenizedSplit, first_bad_example
 from tests.conftest import run_in_process
 
 

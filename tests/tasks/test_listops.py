@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from lra.tasks import listops, listops_generator
-from lra.tasks.base import SPLITS
+from lra.tasks.splits import SPLITS
 
 
 def evaluate_source(source: str) -> int:

@@ -12,7 +12,7 @@ import torch
 from hydra.utils import instantiate
 
 from lra.tasks import listops, listops_generator
-from lra.tasks.base import TokenizedSplit
+from lra.tasks.splits import TokenizedSplit
 from lra.tasks.listops_augment import AugmentedSplit, CollapseSubtrees, ShuffleArguments
 from tests.conftest import compose_config
 from tests.tasks.test_listops import evaluate_source

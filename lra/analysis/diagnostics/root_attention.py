@@ -28,8 +28,9 @@ import torch
 from lra.config import compose_config
 from lra.runtime.checkpoints import load_transferred_weights, with_checkpoint_settings
 from lra.build import build_model
-from lra.tasks.base import SplitDataset, TokenizedSplit, collate
+from lra.tasks.base import SplitDataset, collate
 from lra.tasks.listops import read_tsv
+from lra.tasks.splits import TokenizedSplit
 from attention.mega import MegaAttention
 from models.blocks import MultiHeadAttention
 
