@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from lra.bench import common
+from lra.bench import common, counters
 from lra.bench.cases import Case, build_cases
 
 COLUMNS = [
@@ -107,14 +107,14 @@ def measure(case: Case, n: int, args: argparse.Namespace, device: torch.device) 
             loss = objective(case, inputs)
         loss.backward()
 
-    with common.SavedTensorBytes(exclude=params) as saved, common.autocast(device, args.dtype):
+    with counters.SavedTensorBytes(exclude=params) as saved, common.autocast(device, args.dtype):
         objective(case, inputs)
     row = {
         "saved_bytes": saved.bytes,
         "fwd_s": common.median_seconds(forward, device, args.warmup, args.repeats),
         "fwdbwd_s": common.median_seconds(forward_backward, device, args.warmup, args.repeats),
-        "flops_fwd": common.count_flops(forward),
-        "flops_fwdbwd": common.count_flops(forward_backward),
+        "flops_fwd": counters.count_flops(forward),
+        "flops_fwdbwd": counters.count_flops(forward_backward),
         "peak_mem_bytes": common.cuda_peak_bytes(forward_backward, device),
     }
     row["fwdbwd_graph_s"], row["graph_reason"] = graphed_seconds(forward_backward, device, args.warmup, args.repeats)

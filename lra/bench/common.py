@@ -1,5 +1,5 @@
-"""What both benchmarks share: variant discovery, config composition, timing, FLOPs, saved-bytes and
-memory counters, ratios against a reference row, CSV/table writing.
+"""What both benchmarks share: variant discovery, config composition, timing, memory peaks, ratios against a
+reference row, CSV/table writing (the deterministic counts, FLOPs and bytes saved for backward: lra.bench.counters).
 
 Every variant is a file ``configs/attention/<name>.yaml``; nothing here lists names. A variant
 may be benchmarked several times with extra overrides (``--variant-overrides liza:base_window=256``
@@ -15,16 +15,11 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import (
-    FlopCounterMode,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-)
 
 from lra import REPO_ROOT
 from lra.runtime.allocator import retain_freed_memory
@@ -167,67 +162,6 @@ def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int, 
         synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-class SavedTensorBytes(contextlib.AbstractContextManager):
-    """Bytes autograd saves for backward inside the ``with`` block (``torch.autograd.graph.saved_tensors_hooks``).
-
-    Each saved tensor's storage is counted once (views of one storage, or a tensor saved by several
-    ops, are one buffer); storages of ``exclude`` tensors (e.g. parameters, which exist anyway) are
-    not counted. Read ``.bytes`` after the block.
-    """
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self.excluded = {t.untyped_storage().data_ptr() for t in exclude}
-        self.seen: dict[int, int] = {}
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda packed: packed)
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self.excluded:
-            self.seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.seen.values())
-
-    def __enter__(self) -> SavedTensorBytes:
-        self.hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.hooks.__exit__(*exc)
-
-
-def _cpu_sdpa_forward_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_sdpa_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def _inplace_baddbmm_flops(self_shape, batch1_shape, batch2_shape, *args, out_shape=None, **kwargs) -> int:
-    batch, rows, inner = batch1_shape
-    return 2 * batch * rows * inner * batch2_shape[-1]  # the product; torch's out-of-place formula counts the same
-
-
-# torch's FLOP registry covers the CUDA SDPA kernels but not the CPU flash kernel, and baddbmm but not its in-place
-# form (attention/pinv.py's backward); same formulas here.
-EXTRA_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_forward_flops,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
-    torch.ops.aten.baddbmm_: _inplace_baddbmm_flops,
-}
-
-
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of ``fn()`` by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, SDPA, with
-    :data:`EXTRA_FLOPS`; elementwise ops, softmax and ``cdist`` are not counted by torch's registry)."""
-    with FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) as counter:
-        fn()
-    return int(counter.get_total_flops())
 
 
 def matmul_flops_per_s(device: torch.device, dtype: str, size: int = 2048, repeats: int = 3) -> float:

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lra.bench import calibrate, common, roofline
+from lra.bench import calibrate, common, counters, roofline
 from lra.bench.attention import objective
 from lra.bench.cases import Case, build_cases
 
@@ -167,8 +167,8 @@ def report(case: Case, n: int, args: argparse.Namespace, device: torch.device, v
     def backward() -> None:
         state.pop("loss").backward()
 
-    flops_fwd = common.count_flops(forward)
-    flops_bwd = common.count_flops(lambda: (prepare_backward(), backward())) - flops_fwd
+    flops_fwd = counters.count_flops(forward)
+    flops_bwd = counters.count_flops(lambda: (prepare_backward(), backward())) - flops_fwd
     phases = (("forward", forward, lambda: None, flops_fwd), ("backward", backward, prepare_backward, flops_bwd))
     gpu = roofline.GPUS[args.predict] if args.predict and device.type == "cuda" else None
     predictions = calibrate.predicted(variant, argparse.Namespace(**{**vars(args), "n": n}), args.batch, gpu) if gpu else {}

@@ -6,10 +6,10 @@ process sets up as ``lra.train`` does (on CUDA: TF32 float32 products, :func:`lr
 builds the real model (``lra.build.build_model``) and AdamW (``cfg.optimizer``, fused on CUDA as training builds
 it: :func:`lra.module.optimizers_per_step`), then:
 
-1. the FLOPs of one training step (forward and backward, eager: :func:`lra.bench.common.count_flops`);
+1. the FLOPs of one training step (forward and backward, eager: :func:`lra.bench.counters.count_flops`);
    with ``model.compile=true`` in the overrides the model is compiled after this
    (:func:`lra.module.compile_in_place`, as ``lra.module.LRAModule.configure_model`` does);
-2. one untimed training step under :class:`lra.bench.common.SavedTensorBytes` (parameters excluded), its
+2. one untimed training step under :class:`lra.bench.counters.SavedTensorBytes` (parameters excluded), its
    wall time ``first_step_s`` (compilation included when compiled);
 3. ``warmup`` untimed steps, then ``steps`` timed steps (forward, cross-entropy + auxiliary
    losses as ``lra.module.LRAModule`` sums them, backward, ``optimizer.step()``), median step time and the
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 
-from lra.bench import common
+from lra.bench import common, counters
 from lra.config import compose_config
 from lra.runtime.gpu_setup import fast_float32_matmuls
 from lra.build import build_model, compile_setting
@@ -122,13 +122,13 @@ def measure(spec: dict) -> dict:
         loss_of_batch().backward()
         optimizer.step()
 
-    flops = common.count_flops(lambda: loss_of_batch().backward())
+    flops = counters.count_flops(lambda: loss_of_batch().backward())
     optimizer.zero_grad(set_to_none=True)
     compiled = compile_setting(cfg)
     if compiled:
         compile_in_place(model, device)
     started = time.perf_counter()
-    with common.SavedTensorBytes(exclude=params) as saved:
+    with counters.SavedTensorBytes(exclude=params) as saved:
         loss = loss_of_batch()
     loss.backward()
     optimizer.step()

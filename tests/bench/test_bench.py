@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lra import REPO_ROOT
-from lra.bench import common
+from lra.bench import common, counters
 from lra.bench.__main__ import main
 
 
@@ -34,18 +34,18 @@ def number(value: str) -> float:
 def test_saved_bytes_counts_each_saved_storage_once():
     x = torch.randn(3, 5, requires_grad=True)
     w = torch.randn(5, 7, requires_grad=True)
-    with common.SavedTensorBytes() as saved:
+    with counters.SavedTensorBytes() as saved:
         x @ w  # mm saves both operands: (3*5 + 5*7) float32 values
     assert saved.bytes == (3 * 5 + 5 * 7) * 4
-    with common.SavedTensorBytes(exclude=[w]) as saved:
+    with counters.SavedTensorBytes(exclude=[w]) as saved:
         x @ w
     assert saved.bytes == 3 * 5 * 4
-    with common.SavedTensorBytes() as saved:
+    with counters.SavedTensorBytes() as saved:
         x * x  # x saved twice by one op, a view of x by another: one storage
         x[:2].exp()
     exp_output = 2 * 5 * 4  # exp saves its (new) output
     assert saved.bytes == 3 * 5 * 4 + exp_output
-    with common.SavedTensorBytes() as saved, torch.no_grad():
+    with counters.SavedTensorBytes() as saved, torch.no_grad():
         x @ w
     assert saved.bytes == 0
 
@@ -53,15 +53,15 @@ def test_saved_bytes_counts_each_saved_storage_once():
 def test_flop_counter_matmul_and_cpu_sdpa():
     m, k, n = 6, 10, 4
     a, b = torch.randn(m, k), torch.randn(k, n)
-    assert common.count_flops(lambda: a @ b) == 2 * m * n * k
+    assert counters.count_flops(lambda: a @ b) == 2 * m * n * k
     batch, heads, length, dim = 2, 3, 16, 8
     q = torch.randn(batch, heads, length, dim)
     mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
-    flops = common.count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+    flops = counters.count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
     assert flops == batch * heads * (2 * length * length * dim) * 2  # Q Kᵀ and A V
     c, x, y = torch.randn(5, 6, 4), torch.randn(5, 6, 10), torch.randn(5, 10, 4)
-    assert common.count_flops(lambda: c.baddbmm_(x, y, alpha=-1)) == common.count_flops(lambda: torch.bmm(x, y))
-    assert common.count_flops(lambda: c.baddbmm_(x, y)) == 2 * 5 * 6 * 10 * 4  # in place, as pinv's backward
+    assert counters.count_flops(lambda: c.baddbmm_(x, y, alpha=-1)) == counters.count_flops(lambda: torch.bmm(x, y))
+    assert counters.count_flops(lambda: c.baddbmm_(x, y)) == 2 * 5 * 6 * 10 * 4  # in place, as pinv's backward
 
 
 def test_variants_are_discovered_from_configs():
@@ -376,7 +376,7 @@ def test_train_worker_peak_window_on_cpu():
 
 
 def test_flop_counter_sees_custom_ops_with_a_registered_formula():
-    """The benchmarks' FLOP column (``common.count_flops``) counts a ``torch.library.custom_op`` (the Triton kernels'
+    """The benchmarks' FLOP column (``counters.count_flops``) counts a ``torch.library.custom_op`` (the Triton kernels'
     form) once its formula is registered with ``register_flop_formula``: ``FlopCounterMode`` reads the registry when
     it is created, after the kernels' modules registered theirs; without a formula the op counts 0."""
     from torch.utils.flop_counter import register_flop_formula
@@ -394,8 +394,8 @@ def test_flop_counter_sees_custom_ops_with_a_registered_formula():
         return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
     a, b = torch.randn(4, 5), torch.randn(5, 3)
-    assert common.count_flops(lambda: scaled_mm(a, b)) == 2 * 4 * 5 * 3
-    assert common.count_flops(lambda: no_formula(a, b)) == 0
+    assert counters.count_flops(lambda: scaled_mm(a, b)) == 2 * 4 * 5 * 3
+    assert counters.count_flops(lambda: no_formula(a, b)) == 0
 
 
 def test_bench_rows_on_cpu(tmp_path):

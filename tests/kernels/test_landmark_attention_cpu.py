@@ -195,7 +195,7 @@ def test_without_a_compiler_it_warns_and_runs_sdpa(monkeypatch, tmp_path):
 
 def test_flop_counter_sees_the_products():
     """Under ``FlopCounterMode`` (which cannot see a ctypes call) the SDPA form runs and is counted."""
-    from lra.bench.common import count_flops
+    from lra.bench.counters import count_flops
 
     q, k, v, key_mask = operands(2, 2, 40, 64, 32)
     assert landmark_kernels.kernel_for(q, k, v, key_mask) == "few_keys"
