@@ -15,7 +15,14 @@ CONFIG_DIR = REPO_ROOT / "configs"
 class OverridesRefused(SystemExit):
     """Overrides that do not compose with ``configs/train.yaml`` (a bare name, an unknown group option or key).
 
-    A ``SystemExit`` so that the benchmark and analysis commands end on the message, not on Hydra's traceback."""
+    A ``SystemExit`` so that the benchmark and analysis commands end on the message, not on Hydra's traceback;
+    ``reason`` is Hydra's, on one line."""
+
+    def __init__(self, overrides: list[str], reason: str):
+        super().__init__(f"[lra] FAILED: the overrides {' '.join(overrides)} do not compose with configs/train.yaml: "
+                         f"{reason}. Write each as key=value (e.g. attention=bigbird; the choices: "
+                         f"configs/<group>/*.yaml), as `python -m lra.train` takes them.")
+        self.reason = reason
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -25,7 +32,4 @@ def compose_config(overrides: list[str]) -> DictConfig:
             return compose(config_name="train", overrides=overrides)
     except HydraException as error:
         reason = " ".join(str(error).split()).split(" Config search path")[0]  # Hydra's provider list adds nothing
-        raise OverridesRefused(
-            f"[lra] FAILED: the overrides {' '.join(overrides)} do not compose with configs/train.yaml: {reason}. "
-            f"Write each as key=value (e.g. attention=bigbird; the choices: configs/<group>/*.yaml), as "
-            f"`python -m lra.train` takes them.") from error
+        raise OverridesRefused(overrides, reason) from error

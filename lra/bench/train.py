@@ -141,7 +141,7 @@ def check_flags(args: argparse.Namespace, lengths: list[int], variants: list[com
         compose_config(overrides)
     except OverridesRefused as refusal:  # an unknown key, group or value: name the flags that made the overrides
         raise ValueError(f"the config {' '.join(overrides)} does not compose (check --task, --layers, --overrides): "
-                         f"{refusal.code}") from refusal
+                         f"{refusal.reason}") from refusal
 
 
 def run(args: argparse.Namespace) -> list[dict]:
